@@ -1,3 +1,34 @@
-fn main() {
-    let _ = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmtrace"));
+//! The `vmtrace` binary: parse the command line, run the job, map errors to an exit status.
+
+use clap::Parser as _;
+use vmtrace::cli::{Cli, Command};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let result = match &cli.command {
+        Command::Record(args) => vmtrace::record::run(args),
+        Command::Stress(args) => vmtrace::workload::run(args),
+        Command::Summary(args) => vmtrace::summary::run(args),
+        Command::Allocinfo(cmd) => vmtrace::allocinfo::cli::run(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("vmtrace: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_target(false)
+        .init();
 }

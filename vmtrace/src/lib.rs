@@ -1,0 +1,12 @@
+//! vmtrace: observe and explain the Linux kernel's vmalloc allocator.
+//!
+//! The binary is a thin shell over this library; see `docs/architecture.md` for the data flow.
+
+pub mod allocinfo;
+pub mod cli;
+pub mod host;
+pub mod probe;
+pub mod record;
+pub mod summary;
+pub mod trace;
+pub mod workload;
