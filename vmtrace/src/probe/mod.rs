@@ -1,1 +1,11 @@
-//! probe
+//! Loading and attaching the probes, and turning ring-buffer records into trace events.
+//!
+//! The only rung on the vmalloc tracepoints is the tracepoint itself: the kernel exposes exactly
+//! the fields we want, with a stable name, at the point the allocator decides. Richer rungs
+//! (fentry, kprobe) belong to the probes that have no tracepoint (issue 4).
+
+pub mod decode;
+pub mod loader;
+
+pub use decode::decode;
+pub use loader::{LoadedProbes, ProbeError, TracepointSpec, TRACEPOINTS};

@@ -1,1 +1,19 @@
-//! trace
+//! The vmtrace trace format: JSON Lines with a header, a start snapshot, events and a footer.
+//!
+//! `docs/trace-format.md` documents every field and `docs/trace.schema.json` is the JSON Schema
+//! the tests validate traces against. Bump [`VERSION`] on any incompatible change.
+
+pub mod addr;
+pub mod reader;
+pub mod schema;
+pub mod writer;
+
+pub use addr::KAddr;
+pub use reader::{ReadError, TraceReader};
+pub use schema::*;
+pub use writer::TraceWriter;
+
+/// Value of the header's `format` field.
+pub const FORMAT: &str = "vmtrace-trace";
+/// Format version; readers refuse versions they do not know.
+pub const VERSION: u32 = 1;

@@ -1,0 +1,86 @@
+//! Ring-buffer record → trace record.
+
+use vmtrace_common::{kind, Event};
+
+use crate::trace::{Alloc, Ctx, Free, KAddr, Purge, Record};
+
+/// Decodes one ring-buffer record; `None` for a short record or an unknown kind (a newer probe
+/// object than this reader), which the caller counts.
+pub fn decode(bytes: &[u8]) -> Option<Record> {
+    if bytes.len() < std::mem::size_of::<Event>() {
+        return None;
+    }
+    // SAFETY: the length was checked and Event is plain old data; the ring buffer gives 8-byte
+    // alignment but read_unaligned does not rely on it.
+    let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let comm_len = ev.comm.iter().position(|&b| b == 0).unwrap_or(ev.comm.len());
+    let ctx = Ctx {
+        ts_ns: ev.ts_ns,
+        cpu: ev.cpu,
+        tgid: ev.tgid,
+        pid: ev.pid,
+        comm: String::from_utf8_lossy(&ev.comm[..comm_len]).into_owned(),
+    };
+    let f = ev.fields;
+    Some(match ev.kind {
+        kind::ALLOC => Record::Alloc(Alloc {
+            ctx,
+            addr: KAddr(f[0]),
+            size: f[1],
+            align: f[2],
+            vstart: KAddr(f[3]),
+            vend: KAddr(f[4]),
+            failed: f[5] as i64 as i32,
+        }),
+        kind::FREE => Record::Free(Free {
+            ctx,
+            va_start: KAddr(f[0]),
+            nr_lazy: f[1],
+            nr_lazy_max: f[2],
+        }),
+        kind::PURGE => Record::Purge(Purge {
+            ctx,
+            start: KAddr(f[0]),
+            end: KAddr(f[1]),
+            npurged: f[2] as u32,
+        }),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(ev: &Event) -> Vec<u8> {
+        // SAFETY: Event is repr(C) POD.
+        unsafe {
+            std::slice::from_raw_parts((ev as *const Event).cast::<u8>(), std::mem::size_of::<Event>())
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn decodes_an_alloc_with_a_negative_failed() {
+        let mut ev = Event::ZERO;
+        ev.kind = kind::ALLOC;
+        ev.ts_ns = 42;
+        ev.cpu = 1;
+        ev.comm[..6].copy_from_slice(b"stress");
+        ev.fields = [0xffffc90000170000, 73728, 1, 0xffffc90000000000, 0xffffe8ffffffffff, (-12i64) as u64, 0, 0];
+        let Some(Record::Alloc(a)) = decode(&raw(&ev)) else { panic!("not an alloc") };
+        assert_eq!(a.ctx.comm, "stress");
+        assert_eq!(a.addr, KAddr(0xffffc90000170000));
+        assert_eq!(a.size, 73728);
+        assert_eq!(a.failed, -12);
+        assert_eq!(a.ctx.ts_ns, 42);
+    }
+
+    #[test]
+    fn short_and_unknown_records_are_refused() {
+        let mut ev = Event::ZERO;
+        ev.kind = 99;
+        assert!(decode(&raw(&ev)).is_none());
+        assert!(decode(&[0u8; 8]).is_none());
+    }
+}

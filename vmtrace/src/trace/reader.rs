@@ -1,0 +1,160 @@
+//! Streaming trace reader with line numbers in every error.
+
+use std::io::BufRead;
+
+use super::{Header, Record, FORMAT, VERSION};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("line {line}: cannot read: {source}")]
+    Io {
+        line: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("line {line}: not a valid trace record: {source}")]
+    Json {
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("line {line}: the first record must be a header, found `{found}`")]
+    NoHeader { line: usize, found: String },
+    #[error("line 1: format `{found}` is not a vmtrace trace (expected `{FORMAT}`)")]
+    WrongFormat { found: String },
+    #[error("line 1: trace format version {found} is not supported (this vmtrace reads version {VERSION})")]
+    UnsupportedVersion { found: u32 },
+    #[error("line {line}: the last line is incomplete (the recording was cut short)")]
+    Truncated { line: usize },
+}
+
+impl ReadError {
+    pub fn line(&self) -> usize {
+        match self {
+            ReadError::Io { line, .. }
+            | ReadError::Json { line, .. }
+            | ReadError::NoHeader { line, .. }
+            | ReadError::Truncated { line } => *line,
+            ReadError::WrongFormat { .. } | ReadError::UnsupportedVersion { .. } => 1,
+        }
+    }
+}
+
+/// Iterates over the records of a trace, checking the header first.
+///
+/// A last line without a newline that does not parse is reported as [`ReadError::Truncated`], so
+/// callers can tell a trace cut by SIGKILL from a corrupt one.
+pub struct TraceReader<R: BufRead> {
+    input: R,
+    line: usize,
+    buf: String,
+    header_seen: bool,
+}
+
+impl<R: BufRead> TraceReader<R> {
+    pub fn new(input: R) -> Self {
+        Self {
+            input,
+            line: 0,
+            buf: String::new(),
+            header_seen: false,
+        }
+    }
+
+    /// Line number of the record most recently returned.
+    pub fn line(&self) -> usize {
+        self.line
+    }
+
+    /// Reads the header; call before iterating (iteration also checks it).
+    pub fn read_header(&mut self) -> Result<Header, ReadError> {
+        match self.next_record() {
+            Some(Ok(Record::Header(h))) => Ok(*h),
+            Some(Ok(other)) => Err(ReadError::NoHeader {
+                line: self.line,
+                found: kind_name(&other).into(),
+            }),
+            Some(Err(e)) => Err(e),
+            None => Err(ReadError::NoHeader {
+                line: self.line.max(1),
+                found: "end of file".into(),
+            }),
+        }
+    }
+
+    fn next_record(&mut self) -> Option<Result<Record, ReadError>> {
+        loop {
+            self.buf.clear();
+            let n = match self.input.read_line(&mut self.buf) {
+                Ok(n) => n,
+                Err(source) => {
+                    return Some(Err(ReadError::Io {
+                        line: self.line + 1,
+                        source,
+                    }))
+                }
+            };
+            if n == 0 {
+                return None;
+            }
+            self.line += 1;
+            let complete = self.buf.ends_with('\n');
+            let text = self.buf.trim();
+            if text.is_empty() {
+                continue;
+            }
+            let parsed = serde_json::from_str::<Record>(text);
+            let record = match parsed {
+                Ok(r) => r,
+                Err(_) if !complete => return Some(Err(ReadError::Truncated { line: self.line })),
+                Err(source) => {
+                    return Some(Err(ReadError::Json {
+                        line: self.line,
+                        source,
+                    }))
+                }
+            };
+            if !self.header_seen {
+                match &record {
+                    Record::Header(h) => {
+                        if h.format != FORMAT {
+                            return Some(Err(ReadError::WrongFormat {
+                                found: h.format.clone(),
+                            }));
+                        }
+                        if h.version != VERSION {
+                            return Some(Err(ReadError::UnsupportedVersion { found: h.version }));
+                        }
+                        self.header_seen = true;
+                    }
+                    other => {
+                        return Some(Err(ReadError::NoHeader {
+                            line: self.line,
+                            found: kind_name(other).into(),
+                        }))
+                    }
+                }
+            }
+            return Some(Ok(record));
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = Result<Record, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record()
+    }
+}
+
+pub fn kind_name(r: &Record) -> &'static str {
+    match r {
+        Record::Header(_) => "header",
+        Record::Vmallocinfo(_) => "vmallocinfo",
+        Record::Alloc(_) => "alloc",
+        Record::Free(_) => "free",
+        Record::Purge(_) => "purge",
+        Record::Footer(_) => "footer",
+    }
+}
