@@ -1,13 +1,16 @@
 //! Maps shared by every probe, and the emit path that fills them.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_ktime_get_boot_ns,
+    },
     macros::map,
     maps::{PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
-use vmtrace_common::{kind, Event, FieldLoc, TpLayout, MAX_FIELDS};
+use vmtrace_common::{kind, Event, FieldLoc, TpLayout};
 
 /// 16 MiB holds about 160k events: more than half a second of the fastest user-space stressor on
 /// two CPUs, which is the slack the reader needs when it is descheduled. User space may resize it
@@ -56,17 +59,25 @@ pub fn emit(ctx: &TracePointContext, event_kind: u32, layout: &TpLayout) -> Resu
         (*ev).tgid = (pid_tgid >> 32) as u32;
         (*ev).pid = pid_tgid as u32;
         (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
-        let mut i = 0;
-        while i < MAX_FIELDS {
-            (*ev).fields[i] = match read_field(ctx, &layout.fields[i]) {
+        // Iterating the two fixed-size arrays together leaves no bounds check (and so no
+        // panic path) for the verifier to reject.
+        for (i, (slot, loc)) in (*ev)
+            .fields
+            .iter_mut()
+            .zip(layout.fields.iter())
+            .enumerate()
+        {
+            *slot = match read_field(ctx, loc) {
                 Ok(v) => v,
                 Err(e) => {
                     // Error path only: a failed read means the layout is wrong for this kernel.
-                    warn!(ctx, "vmtrace: reading field {} of kind {} failed: {}", i, event_kind, e);
+                    warn!(
+                        ctx,
+                        "vmtrace: reading field {} of kind {} failed: {}", i, event_kind, e
+                    );
                     0
                 }
             };
-            i += 1;
         }
     }
     entry.submit(0);
@@ -81,7 +92,10 @@ fn count_lost(ctx: &TracePointContext, event_kind: u32) {
         unsafe { *slot = before + 1 };
         if before == 0 {
             // Once per CPU and kind, so a full ring buffer does not also flood the log ring.
-            warn!(ctx, "vmtrace: ring buffer full, dropping events of kind {}", event_kind);
+            warn!(
+                ctx,
+                "vmtrace: ring buffer full, dropping events of kind {}", event_kind
+            );
         }
     }
 }

@@ -1,4 +1,582 @@
-//! record
-pub fn run(_args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
-    anyhow::bail!("record is not implemented yet")
+//! `vmtrace record`: probes → reorder → JSON Lines, until a duration, a signal or a command ends.
+//!
+//! Order of work matters:
+//! 1. probes are loaded and attached *before* the output file is created, so a run without
+//!    privileges leaves no half-written file;
+//! 2. a calibration allocation confirms the probes see traffic and reads VMALLOC_START/END and
+//!    `lazy_max_pages` from the kernel itself;
+//! 3. `/proc/vmallocinfo` is snapshotted after the probes are live, so every area a later event
+//!    frees is either in the snapshot or allocated by a recorded event.
+
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::RecordArgs;
+use crate::host::{system, vmallocinfo};
+use crate::probe::{decode, LoadedProbes};
+use crate::trace::{
+    self, EventCounts, Footer, Header, KAddr, Record, StopReason, Tool, TraceWriter, VmapFacts,
+};
+
+/// Exit status when events were lost: the trace is complete as a file but not as a record.
+pub const EXIT_LOST_EVENTS: u8 = 3;
+
+/// Events are held this long before being written, so records reserved on different CPUs in
+/// a slightly different order than their timestamps are written in timestamp order.
+const REORDER_WINDOW_NS: u64 = 50_000_000;
+/// How often buffered output is flushed; bounds what a SIGKILL can lose.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// Calibration waits at most this long for its own allocation and free to come back.
+const CALIBRATION_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(record(args))
+}
+
+/// Holds decoded events until the watermark passes them, then releases them in time order.
+#[derive(Default)]
+pub struct Reorder {
+    heap: BinaryHeap<std::cmp::Reverse<Pending>>,
+    seq: u64,
+    last_emitted_ts: u64,
+    pub late: u64,
+}
+
+struct Pending {
+    ts: u64,
+    seq: u64,
+    record: Record,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        (self.ts, self.seq) == (o.ts, o.seq)
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.ts, self.seq).cmp(&(o.ts, o.seq))
+    }
+}
+
+impl Reorder {
+    pub fn push(&mut self, record: Record) {
+        let ts = record.ts_ns().unwrap_or(0);
+        self.seq += 1;
+        self.heap.push(std::cmp::Reverse(Pending {
+            ts,
+            seq: self.seq,
+            record,
+        }));
+    }
+
+    /// Pops every event with a timestamp below `watermark` (all of them with `u64::MAX`).
+    pub fn pop_ready(&mut self, watermark: u64, mut out: impl FnMut(Record)) {
+        while let Some(top) = self.heap.peek() {
+            if top.0.ts >= watermark {
+                break;
+            }
+            let Some(std::cmp::Reverse(p)) = self.heap.pop() else {
+                break;
+            };
+            if p.ts < self.last_emitted_ts {
+                self.late += 1;
+            }
+            self.last_emitted_ts = self.last_emitted_ts.max(p.ts);
+            out(p.record);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Record> {
+        self.heap.iter().map(|p| &p.0.record)
+    }
+}
+
+struct Session {
+    ring: AsyncFd<RingBuf<MapData>>,
+    reorder: Reorder,
+    counts: EventCounts,
+    undecodable: u64,
+}
+
+impl Session {
+    /// Moves everything currently in the ring buffer into the reorder buffer.
+    fn drain_ring(&mut self) {
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
+            match decode(&item) {
+                Some(rec) => {
+                    match &rec {
+                        Record::Alloc(_) => self.counts.alloc += 1,
+                        Record::Free(_) => self.counts.free += 1,
+                        Record::Purge(_) => self.counts.purge += 1,
+                        _ => {}
+                    }
+                    self.reorder.push(rec);
+                }
+                None => self.undecodable += 1,
+            }
+        }
+    }
+
+    async fn wait_readable(&mut self) -> std::io::Result<()> {
+        let mut guard = self.ring.readable_mut().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+}
+
+/// What the calibration allocation told us about the kernel.
+#[derive(Debug, Default)]
+struct Calibration {
+    vstart: Option<KAddr>,
+    vend: Option<KAddr>,
+    nr_lazy_max: Option<u64>,
+}
+
+async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
+    check_output(&args.output)?;
+    let started = Instant::now();
+    let facts = system::SystemFacts::read().context("reading kernel facts")?;
+    let ring_bytes = u64::from(args.ring_mib) << 20;
+    // Signals first: from here on Ctrl-C is an orderly stop, never a kill mid-way.
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+
+    let mut probes = LoadedProbes::load_and_attach(ring_bytes)?;
+    let ring = probes.take_ring()?;
+    // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.
+    let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+    let mut session = Session {
+        ring,
+        reorder: Reorder::default(),
+        counts: EventCounts::default(),
+        undecodable: 0,
+    };
+
+    let calibration = calibrate(&mut session, facts.page_size).await;
+    if calibration.vstart.is_none() {
+        log::warn!("calibration allocation was not seen by the probes; header range is unknown");
+    }
+    let snapshot = vmallocinfo::snapshot().context("snapshotting /proc/vmallocinfo")?;
+    if !snapshot.real_addresses {
+        log::warn!(
+            "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"
+        );
+    }
+
+    let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
+    let header = Header {
+        format: trace::FORMAT.into(),
+        version: trace::VERSION,
+        tool: Tool {
+            name: "vmtrace".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        command_line: std::env::args().collect(),
+        vmap: VmapFacts {
+            nr_vmap_nodes: nodes,
+            zone_size: zone,
+            lazy_max_pages_computed: system::lazy_max_pages(facts.online_cpus, facts.page_size),
+            lazy_max_pages_tracepoint: calibration.nr_lazy_max,
+            vmalloc_start: calibration.vstart,
+            vmalloc_end: calibration.vend,
+            source: "nodes and zone from possible CPUs (vmap_init_nodes); lazy_max_pages \
+                     computed from online CPUs and read from a free_vmap_area_noflush event; \
+                     VMALLOC range from the vstart/vend of a calibration vmalloc"
+                .into(),
+        },
+        system: facts,
+        probes: probes.infos.clone(),
+        clock: "CLOCK_BOOTTIME".into(),
+        start_boottime_ns: system::boottime_ns(),
+        start_realtime_ns: system::realtime_ns(),
+        ring_buffer_bytes: probes.ring_bytes,
+    };
+
+    // Only now, with probes attached and facts gathered, does an output file appear.
+    let to_stdout = args.output.as_os_str() == "-";
+    let sink: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(
+            File::create(&args.output)
+                .with_context(|| format!("creating {}", args.output.display()))?,
+        )
+    };
+    let mut writer = TraceWriter::new(sink);
+    writer.write(&Record::Header(Box::new(header)))?;
+    writer.write(&Record::Vmallocinfo(Box::new(snapshot)))?;
+    writer.flush()?;
+
+    let mut child = match args.command.split_first() {
+        Some((program, rest)) => Some(
+            tokio::process::Command::new(program)
+                .args(rest)
+                .kill_on_drop(false)
+                .spawn()
+                .with_context(|| format!("starting `{}`", args.command.join(" ")))?,
+        ),
+        None => None,
+    };
+
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut flush_tick = tokio::time::interval(FLUSH_INTERVAL);
+    let mut command_exit_code = None;
+    let mut write_error: Option<std::io::Error> = None;
+    let reason = loop {
+        tokio::select! {
+            r = session.wait_readable() => {
+                r.context("waiting on the ring buffer")?;
+                session.drain_ring();
+            }
+            _ = flush_tick.tick() => {
+                session.drain_ring();
+                let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
+                emit(&mut session.reorder, watermark, &mut writer, &mut write_error);
+                if let Some(e) = write_error.take() {
+                    return Err(e).context("writing the trace");
+                }
+                writer.flush().context("writing the trace")?;
+            }
+            _ = sleep_until(deadline) => break StopReason::Duration,
+            _ = sigint.recv() => break StopReason::Sigint,
+            _ = sigterm.recv() => break StopReason::Sigterm,
+            status = wait_child(&mut child) => {
+                command_exit_code = status.code();
+                break StopReason::CommandExited;
+            }
+        }
+    };
+
+    // Frees deferred to workqueues (e.g. a closed BPF map) land a few ms after the command
+    // exits; give them a moment so the trace does not end mid-sequence.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    session.drain_ring();
+    emit(
+        &mut session.reorder,
+        u64::MAX,
+        &mut writer,
+        &mut write_error,
+    );
+    if let Some(e) = write_error.take() {
+        return Err(e).context("writing the trace");
+    }
+    let lost = probes.lost()?;
+    let footer = make_footer(reason, command_exit_code, &session, &lost);
+    writer.write(&Record::Footer(Box::new(footer.clone())))?;
+    let sink = writer.into_inner().context("flushing the trace")?;
+    drop(sink);
+    if !to_stdout {
+        if let Ok(f) = File::open(&args.output) {
+            let _ = f.sync_all();
+        }
+    }
+
+    let elapsed = started.elapsed();
+    report(args, &footer, elapsed, to_stdout)?;
+    if let Some(mut c) = child {
+        if reason != StopReason::CommandExited {
+            // perf leaves the command running too; say so rather than killing it silently.
+            if let Ok(None) = c.try_wait() {
+                eprintln!("vmtrace: recording stopped; the command is still running");
+            }
+        }
+    }
+    Ok(if footer.lost_total > 0 {
+        ExitCode::from(EXIT_LOST_EVENTS)
+    } else {
+        match command_exit_code {
+            Some(0) | None => ExitCode::SUCCESS,
+            Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        }
+    })
+}
+
+fn emit(
+    reorder: &mut Reorder,
+    watermark: u64,
+    writer: &mut TraceWriter<Box<dyn Write>>,
+    err: &mut Option<std::io::Error>,
+) {
+    reorder.pop_ready(watermark, |rec| {
+        if err.is_none() {
+            if let Err(e) = writer.write(&rec) {
+                *err = Some(e);
+            }
+        }
+    });
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_child(child: &mut Option<tokio::process::Child>) -> std::process::ExitStatus {
+    match child {
+        Some(c) => match c.wait().await {
+            Ok(s) => s,
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+fn make_footer(
+    reason: StopReason,
+    command_exit_code: Option<i32>,
+    session: &Session,
+    lost: &[Vec<u64>],
+) -> Footer {
+    use vmtrace_common::kind;
+    let ncpu = lost.iter().map(Vec::len).max().unwrap_or(0);
+    let mut per_cpu = vec![0u64; ncpu];
+    for by_cpu in lost {
+        for (cpu, n) in by_cpu.iter().enumerate() {
+            per_cpu[cpu] += n;
+        }
+    }
+    let sum = |k: u32| lost.get(k as usize).map(|v| v.iter().sum()).unwrap_or(0);
+    let lost_by_kind = EventCounts {
+        alloc: sum(kind::ALLOC),
+        free: sum(kind::FREE),
+        purge: sum(kind::PURGE),
+    };
+    Footer {
+        end_boottime_ns: system::boottime_ns(),
+        reason,
+        command_exit_code,
+        events: session.counts,
+        lost_total: per_cpu.iter().sum(),
+        lost_per_cpu: per_cpu,
+        lost_by_kind,
+        late_events: session.reorder.late + session.undecodable,
+    }
+}
+
+/// perf-style one-line report on stderr (or JSON on stdout with `--json`).
+fn report(
+    args: &RecordArgs,
+    footer: &Footer,
+    elapsed: Duration,
+    to_stdout: bool,
+) -> anyhow::Result<()> {
+    let size = if to_stdout {
+        None
+    } else {
+        std::fs::metadata(&args.output).ok().map(|m| m.len())
+    };
+    if args.json && !to_stdout {
+        let v = serde_json::json!({
+            "output": args.output,
+            "bytes": size,
+            "elapsed_s": elapsed.as_secs_f64(),
+            "reason": footer.reason,
+            "events": footer.events,
+            "lost_total": footer.lost_total,
+            "lost_per_cpu": footer.lost_per_cpu,
+            "late_events": footer.late_events,
+            "command_exit_code": footer.command_exit_code,
+        });
+        println!("{v}");
+    }
+    if !args.quiet {
+        let e = &footer.events;
+        eprintln!(
+            "[ vmtrace record: {} events ({} alloc, {} free, {} purge) in {:.2} s, stopped by {}, \
+             {} lost{} ]",
+            e.total(),
+            e.alloc,
+            e.free,
+            e.purge,
+            elapsed.as_secs_f64(),
+            reason_text(footer.reason),
+            footer.lost_total,
+            match size {
+                Some(b) => format!(
+                    ", wrote {:.1} MiB to {}",
+                    b as f64 / 1048576.0,
+                    args.output.display()
+                ),
+                None => String::new(),
+            }
+        );
+    }
+    if footer.lost_total > 0 {
+        eprintln!(
+            "vmtrace: WARNING: {} events were lost (ring buffer full; per CPU: {:?}). \
+             Try a larger --ring-mib.",
+            footer.lost_total, footer.lost_per_cpu
+        );
+    }
+    Ok(())
+}
+
+fn reason_text(r: StopReason) -> &'static str {
+    match r {
+        StopReason::Duration => "--duration",
+        StopReason::Sigint => "SIGINT",
+        StopReason::Sigterm => "SIGTERM",
+        StopReason::CommandExited => "command exit",
+        StopReason::Error => "error",
+    }
+}
+
+/// Allocates and frees one small vmalloc area of our own (a 1-page mmapable BPF array) and waits
+/// for the probes to report both, which proves end to end that events flow, and reads from the
+/// kernel's own events the VMALLOC range and `lazy_max_pages`.
+async fn calibrate(session: &mut Session, page_size: u64) -> Calibration {
+    let mut cal = Calibration::default();
+    let me = std::process::id();
+    // A 1-page mmapable BPF array: header page + data page + guard page.
+    let expected = 3 * page_size;
+    if let Err(e) = calibration_map(page_size) {
+        log::warn!("calibration allocation failed: {e}");
+        return cal;
+    }
+    let deadline = tokio::time::Instant::now() + CALIBRATION_TIMEOUT;
+    let mut addr = None;
+    loop {
+        session.drain_ring();
+        for rec in session.reorder.iter() {
+            match rec {
+                Record::Alloc(a)
+                    if a.ctx.tgid == me
+                        && a.size == expected
+                        && a.failed == 0
+                        && addr.is_none() =>
+                {
+                    addr = Some(a.addr);
+                    cal.vstart = Some(a.vstart);
+                    cal.vend = Some(a.vend);
+                }
+                Record::Free(f) if Some(f.va_start) == addr => {
+                    cal.nr_lazy_max = Some(f.nr_lazy_max)
+                }
+                Record::Free(f) if cal.nr_lazy_max.is_none() && addr.is_some() => {
+                    cal.nr_lazy_max = Some(f.nr_lazy_max)
+                }
+                _ => {}
+            }
+        }
+        if cal.vstart.is_some() && cal.nr_lazy_max.is_some() {
+            return cal;
+        }
+        if tokio::time::timeout_at(deadline, session.wait_readable())
+            .await
+            .is_err()
+        {
+            return cal;
+        }
+    }
+}
+
+/// TEMPORARY until workload::bpfmap lands: create and close a 1-page mmapable BPF array.
+fn calibration_map(page_size: u64) -> std::io::Result<()> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct Attr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+        pad: [u32; 27],
+    }
+    let attr = Attr {
+        map_type: 2,
+        key_size: 4,
+        value_size: page_size as u32,
+        max_entries: 1,
+        map_flags: 1 << 10,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid, zero-padded bpf_attr prefix of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            0,
+            &attr as *const Attr,
+            std::mem::size_of::<Attr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by the kernel and is owned here.
+    unsafe { libc::close(fd as i32) };
+    Ok(())
+}
+
+/// Checks an output path before any work, so a typo fails fast.
+pub fn check_output(path: &Path) -> anyhow::Result<()> {
+    if path.as_os_str() == "-" {
+        return Ok(());
+    }
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = dir {
+        if !dir.is_dir() {
+            bail!("output directory {} does not exist", dir.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Ctx, Purge};
+
+    fn purge(ts: u64) -> Record {
+        Record::Purge(Purge {
+            ctx: Ctx {
+                ts_ns: ts,
+                cpu: 0,
+                tgid: 1,
+                pid: 1,
+                comm: "k".into(),
+            },
+            start: KAddr(0),
+            end: KAddr(0),
+            npurged: 0,
+        })
+    }
+
+    #[test]
+    fn reorder_releases_in_time_order_below_the_watermark() {
+        let mut r = Reorder::default();
+        for ts in [30, 10, 20, 50, 40] {
+            r.push(purge(ts));
+        }
+        let mut out = Vec::new();
+        r.pop_ready(35, |rec| out.push(rec.ts_ns().unwrap()));
+        assert_eq!(out, [10, 20, 30]);
+        r.push(purge(25)); // arrives after 30 was written: late
+        r.pop_ready(u64::MAX, |rec| out.push(rec.ts_ns().unwrap()));
+        assert_eq!(out, [10, 20, 30, 25, 40, 50]);
+        assert_eq!(r.late, 1);
+    }
 }
