@@ -163,6 +163,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
     let mut probes = LoadedProbes::load_and_attach(ring_bytes)?;
+    let stats_at_start = crate::probe::loader::bpf_stats_enabled();
     let ring = probes.take_ring()?;
     // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.
     let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
@@ -283,7 +284,10 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         return Err(e).context("writing the trace");
     }
     let lost = probes.lost()?;
-    let footer = make_footer(reason, command_exit_code, &session, &lost);
+    let mut footer = make_footer(reason, command_exit_code, &session, &lost);
+    if stats_at_start {
+        footer.kernel_run_stats = probes.run_stats();
+    }
     writer.write(&Record::Footer(Box::new(footer.clone())))?;
     let sink = writer.into_inner().context("flushing the trace")?;
     drop(sink);
@@ -374,6 +378,7 @@ fn make_footer(
         lost_per_cpu: per_cpu,
         lost_by_kind,
         late_events: session.reorder.late + session.undecodable,
+        kernel_run_stats: None,
     }
 }
 

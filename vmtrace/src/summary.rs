@@ -110,7 +110,8 @@ pub fn summarize(input: impl BufRead) -> Result<Summary, ReadError> {
                 *sizes.entry(a.size).or_default() += 1;
                 *comms.entry(a.ctx.comm).or_default() += 1;
                 if let Some((lo, hi)) = range {
-                    let inside_vmalloc = a.addr.0 >= lo && a.addr.0.saturating_add(a.size) <= hi.saturating_add(1);
+                    let inside_vmalloc =
+                        a.addr.0 >= lo && a.addr.0.saturating_add(a.size) <= hi.saturating_add(1);
                     let same_range = a.vstart.0 == lo && a.vend.0 == hi;
                     if same_range && !inside_vmalloc {
                         s.allocs_outside_vmalloc += 1;
@@ -187,7 +188,11 @@ pub fn render(s: &Summary) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
-    let _ = writeln!(o, "kernel {}  cpus {}  vmap nodes {}", s.kernel, s.cpus_online, s.nr_vmap_nodes);
+    let _ = writeln!(
+        o,
+        "kernel {}  cpus {}  vmap nodes {}",
+        s.kernel, s.cpus_online, s.nr_vmap_nodes
+    );
     let _ = writeln!(
         o,
         "VMALLOC {}..{}  lazy_max_pages {}",
@@ -195,17 +200,34 @@ pub fn render(s: &Summary) -> String {
         opt(&s.vmalloc_end),
         s.lazy_max_pages.map_or("unknown".into(), |v| v.to_string())
     );
-    let snap: Vec<String> = s.snapshot_areas.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    let snap: Vec<String> = s
+        .snapshot_areas
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect();
     let _ = writeln!(
         o,
         "start snapshot: {}{}",
-        if snap.is_empty() { "none".into() } else { snap.join(", ") },
-        if s.snapshot_real_addresses { "" } else { " (addresses hashed)" }
+        if snap.is_empty() {
+            "none".into()
+        } else {
+            snap.join(", ")
+        },
+        if s.snapshot_real_addresses {
+            ""
+        } else {
+            " (addresses hashed)"
+        }
     );
     let _ = writeln!(
         o,
         "events: {} alloc ({} failed), {} free, {} purge over {:.3} s ({:.0}/s)",
-        s.events.alloc, s.failed_allocs, s.events.free, s.events.purge, s.duration_s, s.events_per_s
+        s.events.alloc,
+        s.failed_allocs,
+        s.events.free,
+        s.events.purge,
+        s.duration_s,
+        s.events_per_s
     );
     let _ = writeln!(
         o,
@@ -230,12 +252,17 @@ pub fn render(s: &Summary) -> String {
             let _ = writeln!(
                 o,
                 "lost events: {l}{}  stopped by: {}",
-                s.lost_per_cpu.as_ref().map_or(String::new(), |v| format!(" (per CPU {v:?})")),
+                s.lost_per_cpu
+                    .as_ref()
+                    .map_or(String::new(), |v| format!(" (per CPU {v:?})")),
                 opt(&s.stop_reason)
             );
         }
         (None, Some(line)) => {
-            let _ = writeln!(o, "no footer: the trace was cut short at line {line}; lost events unknown");
+            let _ = writeln!(
+                o,
+                "no footer: the trace was cut short at line {line}; lost events unknown"
+            );
         }
         (None, None) => {}
     }

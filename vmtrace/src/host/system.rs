@@ -17,8 +17,12 @@ pub fn parse_cpulist(s: &str) -> Result<u32, String> {
             Some((a, b)) => (a, b),
             None => (part, part),
         };
-        let lo: u32 = lo.parse().map_err(|_| format!("bad CPU number `{lo}` in `{s}`"))?;
-        let hi: u32 = hi.parse().map_err(|_| format!("bad CPU number `{hi}` in `{s}`"))?;
+        let lo: u32 = lo
+            .parse()
+            .map_err(|_| format!("bad CPU number `{lo}` in `{s}`"))?;
+        let hi: u32 = hi
+            .parse()
+            .map_err(|_| format!("bad CPU number `{hi}` in `{s}`"))?;
         if hi < lo {
             return Err(format!("descending CPU range `{part}` in `{s}`"));
         }
@@ -80,7 +84,11 @@ impl SystemFacts {
             });
         }
         let field = |f: &[libc::c_char]| {
-            let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            let bytes: Vec<u8> = f
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
             String::from_utf8_lossy(&bytes).into_owned()
         };
         let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);

@@ -75,7 +75,11 @@ impl Format {
 
 /// Reads and parses the format file of `category:name`.
 pub fn read_format(tracefs: &Path, category: &str, name: &str) -> Result<Format, HostError> {
-    let path = tracefs.join("events").join(category).join(name).join("format");
+    let path = tracefs
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format");
     if !path.exists() {
         return Err(HostError::MissingTracepoint {
             category: category.into(),

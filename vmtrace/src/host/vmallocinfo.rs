@@ -103,9 +103,9 @@ pub fn snapshot() -> Result<VmallocSnapshot, HostError> {
 /// addresses whose `end - start` equals the size column.
 fn looks_real(areas: &[VmallocArea]) -> bool {
     !areas.is_empty()
-        && areas
-            .iter()
-            .all(|a| a.start.0 >= 0xffff_0000_0000_0000 && a.end.0.wrapping_sub(a.start.0) == a.size)
+        && areas.iter().all(|a| {
+            a.start.0 >= 0xffff_0000_0000_0000 && a.end.0.wrapping_sub(a.start.0) == a.size
+        })
 }
 
 #[cfg(test)]
@@ -125,12 +125,18 @@ mod tests {
     fn parses_every_line_kind() {
         let areas = parse(SAMPLE).unwrap();
         assert_eq!(areas.len(), 6);
-        assert_eq!(areas[0].caller.as_deref(), Some("irq_init_percpu_irqstack+0xca/0x100"));
+        assert_eq!(
+            areas[0].caller.as_deref(),
+            Some("irq_init_percpu_irqstack+0xca/0x100")
+        );
         assert_eq!(areas[0].flags, ["vmap"]);
         assert_eq!(areas[1].phys.as_deref(), Some("0x00000000000a0000"));
         assert_eq!(areas[2].pages, Some(4));
         assert_eq!(areas[2].flags, ["vmalloc", "N0=4"]);
-        assert_eq!(areas[3].caller.as_deref(), Some("xt_alloc_table_info+0xfe/0x130 [x_tables]"));
+        assert_eq!(
+            areas[3].caller.as_deref(),
+            Some("xt_alloc_table_info+0xfe/0x130 [x_tables]")
+        );
         assert_eq!(areas[4].kind, AreaKind::Unpurged);
         assert_eq!(areas[4].start, KAddr(0xffffc900000c4000));
         assert_eq!(areas[5].kind, AreaKind::VmMapRam);

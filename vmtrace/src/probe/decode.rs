@@ -13,7 +13,11 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
     // SAFETY: the length was checked and Event is plain old data; the ring buffer gives 8-byte
     // alignment but read_unaligned does not rely on it.
     let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let comm_len = ev.comm.iter().position(|&b| b == 0).unwrap_or(ev.comm.len());
+    let comm_len = ev
+        .comm
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(ev.comm.len());
     let ctx = Ctx {
         ts_ns: ev.ts_ns,
         cpu: ev.cpu,
@@ -55,7 +59,10 @@ mod tests {
     fn raw(ev: &Event) -> Vec<u8> {
         // SAFETY: Event is repr(C) POD.
         unsafe {
-            std::slice::from_raw_parts((ev as *const Event).cast::<u8>(), std::mem::size_of::<Event>())
+            std::slice::from_raw_parts(
+                (ev as *const Event).cast::<u8>(),
+                std::mem::size_of::<Event>(),
+            )
         }
         .to_vec()
     }
@@ -67,8 +74,19 @@ mod tests {
         ev.ts_ns = 42;
         ev.cpu = 1;
         ev.comm[..6].copy_from_slice(b"stress");
-        ev.fields = [0xffffc90000170000, 73728, 1, 0xffffc90000000000, 0xffffe8ffffffffff, (-12i64) as u64, 0, 0];
-        let Some(Record::Alloc(a)) = decode(&raw(&ev)) else { panic!("not an alloc") };
+        ev.fields = [
+            0xffffc90000170000,
+            73728,
+            1,
+            0xffffc90000000000,
+            0xffffe8ffffffffff,
+            (-12i64) as u64,
+            0,
+            0,
+        ];
+        let Some(Record::Alloc(a)) = decode(&raw(&ev)) else {
+            panic!("not an alloc")
+        };
         assert_eq!(a.ctx.comm, "stress");
         assert_eq!(a.addr, KAddr(0xffffc90000170000));
         assert_eq!(a.size, 73728);

@@ -14,7 +14,7 @@ use crate::host::{
     tracefs::{self, Field, Format},
     HostError,
 };
-use crate::trace::ProbeInfo;
+use crate::trace::{ProbeInfo, ProbeRunStats};
 
 /// A tracepoint vmtrace attaches to, with the fields it reads in wire order.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +72,9 @@ pub enum ProbeError {
     NoPrivilege,
     #[error(transparent)]
     Host(#[from] HostError),
-    #[error("tracepoint {tracepoint} lacks the field `{field}` vmtrace needs (kernel format changed?)")]
+    #[error(
+        "tracepoint {tracepoint} lacks the field `{field}` vmtrace needs (kernel format changed?)"
+    )]
     MissingField { tracepoint: String, field: String },
     #[error("tracepoint {tracepoint}: field `{field}` has unsupported size {size}")]
     BadFieldSize {
@@ -101,7 +103,10 @@ pub enum ProbeError {
 
 /// Maps a tracepoint's format onto the probe's wire layout, refusing kernels that lack a
 /// required field.
-pub fn build_layout(spec: &TracepointSpec, format: &Format) -> Result<(TpLayout, ProbeInfo), ProbeError> {
+pub fn build_layout(
+    spec: &TracepointSpec,
+    format: &Format,
+) -> Result<(TpLayout, ProbeInfo), ProbeError> {
     let tp = format!("{}:{}", spec.category, spec.name);
     let mut layout = TpLayout::EMPTY;
     let mut fields: Vec<Field> = Vec::new();
@@ -211,7 +216,12 @@ impl LoadedProbes {
                     action: "attach",
                     source: Box::new(e),
                 })?;
-            log::info!("attached {} to tracepoint {}:{}", spec.program, spec.category, spec.name);
+            log::info!(
+                "attached {} to tracepoint {}:{}",
+                spec.program,
+                spec.category,
+                spec.name
+            );
         }
         let lost_map = ebpf.take_map(names::LOST).ok_or(ProbeError::Map {
             map: names::LOST,
@@ -245,6 +255,26 @@ impl LoadedProbes {
         })
     }
 
+    /// The kernel's own count of program runs, i.e. tracepoint hits, per probe. Only meaningful
+    /// while `kernel.bpf_stats_enabled` is 1; `None` otherwise. Comparing it with events received
+    /// plus events lost checks the whole pipeline against the kernel.
+    pub fn run_stats(&self) -> Option<Vec<ProbeRunStats>> {
+        if !bpf_stats_enabled() {
+            return None;
+        }
+        TRACEPOINTS
+            .iter()
+            .map(|spec| {
+                let info = self.ebpf.program(spec.program)?.info().ok()?;
+                Some(ProbeRunStats {
+                    probe: format!("{}:{}", spec.category, spec.name),
+                    run_count: info.run_count(),
+                    run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                })
+            })
+            .collect()
+    }
+
     /// Reserve failures so far: `[kind][cpu]`, indexed by `vmtrace_common::kind`.
     pub fn lost(&self) -> Result<Vec<Vec<u64>>, ProbeError> {
         (0..kind::COUNT)
@@ -259,6 +289,13 @@ impl LoadedProbes {
             })
             .collect()
     }
+}
+
+/// `kernel.bpf_stats_enabled`: whether the kernel counts program runs and run time.
+pub fn bpf_stats_enabled() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+        .map(|v| v.trim() == "1")
+        .unwrap_or(false)
 }
 
 /// EPERM from the kernel at load time means privileges even when the capability check passed
@@ -299,7 +336,10 @@ fn start_probe_logger(ebpf: &mut Ebpf) {
             // SAFETY: the logger owns its ring-buffer fd and keeps it open while the AsyncFd
             // (which owns the logger) is registered.
             let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    logger,
+                    tokio::io::Interest::READABLE,
+                )
             };
             match registered {
                 Ok(mut fd) => {
@@ -352,8 +392,22 @@ mod tests {
             ("vend", 40, 8, false),
         ]);
         let (layout, info) = build_layout(&TRACEPOINTS[0], &f).unwrap();
-        assert_eq!(layout.fields[0], FieldLoc { offset: 16, size: 8, signed: 0 });
-        assert_eq!(layout.fields[5], FieldLoc { offset: 8, size: 4, signed: 1 });
+        assert_eq!(
+            layout.fields[0],
+            FieldLoc {
+                offset: 16,
+                size: 8,
+                signed: 0
+            }
+        );
+        assert_eq!(
+            layout.fields[5],
+            FieldLoc {
+                offset: 8,
+                size: 4,
+                signed: 1
+            }
+        );
         assert_eq!(layout.fields[2], FieldLoc::default());
         assert_eq!(info.missing_fields, ["align"]);
     }
@@ -364,6 +418,9 @@ mod tests {
         let err = build_layout(&TRACEPOINTS[0], &f).unwrap_err();
         assert!(err.to_string().contains("`addr`"), "{err}");
         let f = fmt(&[("addr", 8, 3, false), ("size", 16, 8, false)]);
-        assert!(matches!(build_layout(&TRACEPOINTS[0], &f), Err(ProbeError::BadFieldSize { .. })));
+        assert!(matches!(
+            build_layout(&TRACEPOINTS[0], &f),
+            Err(ProbeError::BadFieldSize { .. })
+        ));
     }
 }

@@ -25,7 +25,10 @@ impl fmt::Display for KAddr {
 impl KAddr {
     /// Parses `0x…` (or bare hex) as the kernel prints it.
     pub fn parse(s: &str) -> Option<Self> {
-        let hex = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+        let hex = s
+            .strip_prefix("0x")
+            .or_else(|| s.strip_prefix("0X"))
+            .unwrap_or(s);
         if hex.is_empty() || hex.len() > 16 {
             return None;
         }

@@ -199,6 +199,19 @@ pub struct Footer {
     /// Events that reached user space after events with later timestamps had been written
     /// (written anyway, out of order). Zero in a healthy recording.
     pub late_events: u64,
+    /// Program runs as the kernel counted them (`kernel.bpf_stats_enabled=1` during the whole
+    /// recording); absent otherwise. For each probe, run_count = events + lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_run_stats: Option<Vec<ProbeRunStats>>,
+}
+
+/// The kernel's accounting of one BPF program (`bpf_prog_info.run_cnt`, `run_time_ns`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeRunStats {
+    /// `category:name` of the tracepoint.
+    pub probe: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
