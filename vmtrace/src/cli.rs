@@ -82,7 +82,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         if secs.is_finite() && secs >= 0.0 {
             return Ok(Duration::from_secs_f64(secs));
         }
-        return Err(format!("`{s}` is not a valid duration: expected a non-negative number"));
+        return Err(format!(
+            "`{s}` is not a valid duration: expected a non-negative number"
+        ));
     }
     humantime::parse_duration(s)
         .map_err(|e| format!("`{s}` is not a valid duration ({e}); try `10s`, `500ms` or `1m30s`"))
