@@ -456,9 +456,9 @@ fn reason_text(r: StopReason) -> &'static str {
 async fn calibrate(session: &mut Session, page_size: u64) -> Calibration {
     let mut cal = Calibration::default();
     let me = std::process::id();
-    // A 1-page mmapable BPF array: header page + data page + guard page.
-    let expected = 3 * page_size;
-    if let Err(e) = calibration_map(page_size) {
+    // 1 is a power of two, so the unprivileged entry rounding cannot change the size.
+    let expected = crate::workload::fix_size_area_bytes(1, page_size);
+    if let Err(e) = crate::workload::ArrayMap::create(1, page_size).map(drop) {
         log::warn!("calibration allocation failed: {e}");
         return cal;
     }
@@ -497,43 +497,6 @@ async fn calibrate(session: &mut Session, page_size: u64) -> Calibration {
             return cal;
         }
     }
-}
-
-/// TEMPORARY until workload::bpfmap lands: create and close a 1-page mmapable BPF array.
-fn calibration_map(page_size: u64) -> std::io::Result<()> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct Attr {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        map_flags: u32,
-        pad: [u32; 27],
-    }
-    let attr = Attr {
-        map_type: 2,
-        key_size: 4,
-        value_size: page_size as u32,
-        max_entries: 1,
-        map_flags: 1 << 10,
-        ..Default::default()
-    };
-    // SAFETY: attr is a valid, zero-padded bpf_attr prefix of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            0,
-            &attr as *const Attr,
-            std::mem::size_of::<Attr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by the kernel and is owned here.
-    unsafe { libc::close(fd as i32) };
-    Ok(())
 }
 
 /// Checks an output path before any work, so a typo fails fast.

@@ -125,7 +125,7 @@ pub fn parse_format(text: &str) -> Result<Format, (usize, String)> {
     })
 }
 
-/// `field:unsigned long addr;	offset:8;	size:8;	signed:0;`
+/// `field:unsigned long addr; offset:8; size:8; signed:0;` (tab separated)
 fn parse_field_line(line: &str) -> Result<Field, String> {
     let mut decl = None;
     let mut offset = None;
@@ -153,8 +153,7 @@ fn parse_field_line(line: &str) -> Result<Field, String> {
     // The name is the last identifier of the declaration, before any array suffix.
     let name = decl
         .split(|c: char| c.is_whitespace() || c == '*')
-        .filter(|s| !s.is_empty())
-        .next_back()
+        .rfind(|s| !s.is_empty())
         .map(|s| s.split('[').next().unwrap_or(s).to_string())
         .ok_or_else(|| format!("cannot find a name in `{decl}`"))?;
     let offset = offset.ok_or("missing offset")?;

@@ -46,7 +46,7 @@ impl Serialize for KAddr {
 /// Formats without allocating: the writer calls this for several fields of every event.
 fn format_hex(v: u64, buf: &mut [u8; 18]) -> &str {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let ndigits = ((64 - v.leading_zeros() as usize) + 3) / 4;
+    let ndigits = (64 - v.leading_zeros() as usize).div_ceil(4);
     let ndigits = ndigits.max(1);
     buf[0] = b'0';
     buf[1] = b'x';
@@ -54,7 +54,7 @@ fn format_hex(v: u64, buf: &mut [u8; 18]) -> &str {
         let shift = 4 * (ndigits - 1 - i);
         buf[2 + i] = DIGITS[((v >> shift) & 0xf) as usize];
     }
-    // SAFETY-free: only ASCII was written.
+    // Only ASCII was written, so this cannot fail.
     std::str::from_utf8(&buf[..2 + ndigits]).unwrap_or("0x0")
 }
 
