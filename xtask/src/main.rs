@@ -1,1 +1,108 @@
-fn main(){}
+//! `cargo xtask`: the one entry point for setting up a machine, running vmtrace, testing it and
+//! measuring its overhead.
+//!
+//! It exists because building vmtrace needs more than `cargo build`: the eBPF crate is compiled
+//! by a nightly toolchain with `rust-src`, and linked by a `bpf-linker` that must use the very
+//! LLVM of that nightly. A fresh machine gets all of it from `cargo xtask run` or
+//! `cargo xtask test`, and CI (`.ci/run`) goes through the same code path as a developer.
+
+mod bench;
+mod cmd;
+mod elf;
+mod run;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Developer tasks for vmtrace: set up the toolchain, run, test and benchmark.
+///
+/// Every task that builds starts with `setup`, which is idempotent and takes about a second when
+/// nothing is missing, so a fresh machine needs nothing but `cargo xtask run` or
+/// `cargo xtask test`.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what building and testing vmtrace needs; a no-op when everything is present.
+    ///
+    /// Checks, and installs when missing or stale: the nightly toolchain with rust-src and
+    /// clippy; rustfmt and clippy for the toolchain running this command; bpf-linker 0.13.0
+    /// built against the nightly rustc's own LLVM (LLVM found through symlinks in
+    /// $XDG_DATA_HOME/vmtrace/llvm, default ~/.local/share/vmtrace/llvm); the Debian packages
+    /// the tests use (apt-get, as root); and a mounted tracefs (as root).
+    Setup,
+    /// Build vmtrace in release mode and run it; without ARGS, run the demo job.
+    ///
+    /// The demo job, as root on a kernel with BPF: record 10 s of vmalloc events while
+    /// `vmtrace stress fix-size` runs, into target/vmtrace-demo.jsonl, then summarise the trace.
+    /// Otherwise it says why and summarises the bundled vmtrace/assets/sample-trace.jsonl.
+    Run(run::RunArgs),
+    /// Run the whole check suite, as CI does: setup, fmt, clippy (user space and eBPF), tests.
+    ///
+    /// Steps, stopping at the first failure: setup; `cargo fmt --check`; clippy -D warnings on
+    /// the user-space crates, then on the eBPF crate (nightly, bpfel-unknown-none); unit and
+    /// doc tests; integration tests; then each `tests/privileged_*.rs` target on its own with
+    /// --test-threads=1. As root, VMTRACE_REQUIRE_PRIVILEGED=1 is set so privileged tests fail
+    /// instead of skipping.
+    Test,
+    /// Measure how much tracing slows a vmalloc-heavy workload (a benchmark, not a test).
+    ///
+    /// Runs `vmtrace stress fix-size --json` untraced, under `vmtrace record`, under a bpftrace
+    /// script counting the same three vmalloc tracepoints, and under `perf record -e
+    /// 'vmalloc:*' -a`, then prints ops/s and the ratio to the untraced run, and writes them to
+    /// target/bench/overhead.json. Needs root.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Setup => setup::setup().map(|()| ExitCode::SUCCESS),
+        Task::Run(args) => run::run(&args),
+        Task::Test => test::test(),
+        Task::Bench(args) => bench::bench(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_passes_everything_after_the_task_to_vmtrace() {
+        let cli = Cli::try_parse_from(["xtask", "run", "--", "summary", "--json", "t.jsonl"])
+            .expect("run with trailing args parses");
+        let Task::Run(args) = cli.task else {
+            panic!("expected the run task");
+        };
+        assert_eq!(args.args, ["summary", "--json", "t.jsonl"]);
+
+        let cli = Cli::try_parse_from(["xtask", "run", "record", "-o", "x.jsonl"])
+            .expect("run without `--` parses");
+        let Task::Run(args) = cli.task else {
+            panic!("expected the run task");
+        };
+        assert_eq!(args.args, ["record", "-o", "x.jsonl"]);
+    }
+}
