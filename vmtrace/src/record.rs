@@ -175,15 +175,17 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         undecodable: 0,
     };
 
-    let calibration = calibrate(&mut session, facts.page_size).await;
-    if calibration.vstart.is_none() {
-        log::warn!("calibration allocation was not seen by the probes; header range is unknown");
-    }
+    // Snapshot right after attach: the window in which an event can refer to an area the
+    // snapshot does not show is then only as long as the read itself.
     let snapshot = vmallocinfo::snapshot().context("snapshotting /proc/vmallocinfo")?;
     if !snapshot.real_addresses {
         log::warn!(
             "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"
         );
+    }
+    let calibration = calibrate(&mut session, facts.page_size).await;
+    if calibration.vstart.is_none() {
+        log::warn!("calibration allocation was not seen by the probes; header range is unknown");
     }
 
     let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
@@ -215,6 +217,19 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         ring_buffer_bytes: probes.ring_bytes,
     };
 
+    // The command starts before the file exists, so a command that cannot start leaves no
+    // file; its first events wait in the reorder buffer until the header is written.
+    let mut child = match args.command.split_first() {
+        Some((program, rest)) => Some(
+            tokio::process::Command::new(program)
+                .args(rest)
+                .kill_on_drop(false)
+                .spawn()
+                .with_context(|| format!("starting `{}`", args.command.join(" ")))?,
+        ),
+        None => None,
+    };
+
     // Only now, with probes attached and facts gathered, does an output file appear.
     let to_stdout = args.output.as_os_str() == "-";
     let sink: Box<dyn Write> = if to_stdout {
@@ -230,25 +245,19 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     writer.write(&Record::Vmallocinfo(Box::new(snapshot)))?;
     writer.flush()?;
 
-    let mut child = match args.command.split_first() {
-        Some((program, rest)) => Some(
-            tokio::process::Command::new(program)
-                .args(rest)
-                .kill_on_drop(false)
-                .spawn()
-                .with_context(|| format!("starting `{}`", args.command.join(" ")))?,
-        ),
-        None => None,
-    };
-
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut flush_tick = tokio::time::interval(FLUSH_INTERVAL);
     let mut command_exit_code = None;
     let mut write_error: Option<std::io::Error> = None;
+    let mut ring_error = None;
     let reason = loop {
         tokio::select! {
             r = session.wait_readable() => {
-                r.context("waiting on the ring buffer")?;
+                if let Err(e) = r {
+                    // Still write what we have and a footer that says the recording broke off.
+                    ring_error = Some(e);
+                    break StopReason::Error;
+                }
                 session.drain_ring();
             }
             _ = flush_tick.tick() => {
@@ -264,7 +273,10 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
             _ = sigint.recv() => break StopReason::Sigint,
             _ = sigterm.recv() => break StopReason::Sigterm,
             status = wait_child(&mut child) => {
-                command_exit_code = status.code();
+                // A command killed by a signal reports 128 + signal, as shells do.
+                command_exit_code = status
+                    .code()
+                    .or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s));
                 break StopReason::CommandExited;
             }
         }
@@ -299,6 +311,9 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
 
     let elapsed = started.elapsed();
     report(args, &footer, elapsed, to_stdout)?;
+    if let Some(e) = ring_error {
+        return Err(e).context("reading the ring buffer (the trace ends with an `error` footer)");
+    }
     if let Some(mut c) = child {
         if reason != StopReason::CommandExited {
             // perf leaves the command running too; say so rather than killing it silently.

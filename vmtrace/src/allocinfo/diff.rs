@@ -6,7 +6,7 @@
 //! kernel documents that absolute values are too low but deltas are exact, so deltas are used as
 //! they are and only the absolute values are flagged.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde::Serialize;
 
@@ -89,7 +89,8 @@ impl SourceInfo {
     }
 }
 
-/// The whole comparison; `rows` are in key order until [`Diff::listing`] picks and sorts them.
+/// The whole comparison; `rows` are in no particular order until [`Diff::listing`] picks and
+/// sorts them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Diff {
     pub old: SourceInfo,
@@ -103,7 +104,7 @@ pub struct Diff {
 
 /// Diffs two snapshots after applying the same selection to both.
 pub fn diff(old: &Snapshot, new: &Snapshot, selection: &Selection) -> Diff {
-    let rows = diff_entries(&selection.entries(old), &selection.entries(new));
+    let rows = diff_entries(selection.entries(old), selection.entries(new));
     Diff {
         old: SourceInfo::of(old),
         new: SourceInfo::of(new),
@@ -114,25 +115,31 @@ pub fn diff(old: &Snapshot, new: &Snapshot, selection: &Selection) -> Diff {
     }
 }
 
-/// Joins two entry maps on their keys.
-pub fn diff_entries(
-    old: &BTreeMap<EntryKey, Entry>,
-    new: &BTreeMap<EntryKey, Entry>,
-) -> Vec<DiffRow> {
-    let mut keys: Vec<&EntryKey> = old.keys().chain(new.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .map(|key| row(key, old.get(key), new.get(key)))
-        .collect()
+/// Joins two entry lists on their keys; rows come in no particular order (listings sort them).
+///
+/// The lists are consumed so that each row takes its key from them instead of cloning it.
+pub fn diff_entries(old: Vec<Entry>, new: Vec<Entry>) -> Vec<DiffRow> {
+    let partner: Vec<Option<usize>> = {
+        let index: HashMap<&EntryKey, usize> =
+            new.iter().enumerate().map(|(i, e)| (&e.key, i)).collect();
+        old.iter().map(|e| index.get(&e.key).copied()).collect()
+    };
+    let mut new: Vec<Option<Entry>> = new.into_iter().map(Some).collect();
+    let mut rows = Vec::with_capacity(old.len().max(new.len()));
+    for (o, j) in old.into_iter().zip(partner) {
+        let n = j.and_then(|j| new.get_mut(j)).and_then(Option::take);
+        rows.push(row(Some(o), n));
+    }
+    rows.extend(new.into_iter().flatten().map(|n| row(None, Some(n))));
+    rows
 }
 
-fn row(key: &EntryKey, old: Option<&Entry>, new: Option<&Entry>) -> DiffRow {
-    let counts = |e: Option<&Entry>| e.map(|e| e.counts).unwrap_or_default();
-    let (before, after) = (counts(old), counts(new));
+fn row(old: Option<Entry>, new: Option<Entry>) -> DiffRow {
+    let counts = |e: &Option<Entry>| e.as_ref().map(|e| e.counts).unwrap_or_default();
+    let (before, after) = (counts(&old), counts(&new));
     let delta_bytes = saturate(i128::from(after.bytes) - i128::from(before.bytes));
     let delta_calls = saturate(i128::from(after.calls) - i128::from(before.calls));
-    let status = match (old, new) {
+    let status = match (&old, &new) {
         (None, _) => Status::Added,
         (_, None) => Status::Removed,
         _ if delta_bytes == 0 && delta_calls == 0 => Status::Unchanged,
@@ -142,17 +149,32 @@ fn row(key: &EntryKey, old: Option<&Entry>, new: Option<&Entry>) -> DiffRow {
     for entry in old.iter().chain(new.iter()) {
         marks.merge(entry.marks);
     }
+    let old_accurate = old.as_ref().map(Entry::accurate);
+    let new_accurate = new.as_ref().map(Entry::accurate);
+    let (old_bytes, old_calls) = (
+        old.as_ref().map(|e| e.counts.bytes),
+        old.as_ref().map(|e| e.counts.calls),
+    );
+    let (new_bytes, new_calls) = (
+        new.as_ref().map(|e| e.counts.bytes),
+        new.as_ref().map(|e| e.counts.calls),
+    );
+    // Either side has the key; prefer NEW's (identical by construction).
+    let key = match (new, old) {
+        (Some(e), _) | (None, Some(e)) => e.key,
+        (None, None) => EntryKey::Group(String::new()),
+    };
     DiffRow {
-        key: key.clone(),
+        key,
         status,
-        old_bytes: old.map(|e| e.counts.bytes),
-        new_bytes: new.map(|e| e.counts.bytes),
+        old_bytes,
+        new_bytes,
         delta_bytes,
-        old_calls: old.map(|e| e.counts.calls),
-        new_calls: new.map(|e| e.counts.calls),
+        old_calls,
+        new_calls,
         delta_calls,
-        old_accurate: old.map(Entry::accurate),
-        new_accurate: new.map(Entry::accurate),
+        old_accurate,
+        new_accurate,
         marks,
     }
 }

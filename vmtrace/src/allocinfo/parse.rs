@@ -110,7 +110,12 @@ fn parse_record(line: &str) -> Result<Record, LineError> {
     };
     rest = after;
     let size = parse_number(&size_text).ok_or((ParseErrorKind::BadSize, size_text.clone()))?;
-    let bytes = i64::try_from(size.value).map_err(|_| (ParseErrorKind::BadSize, size_text))?;
+    let bytes = if size.exact {
+        i64::try_from(size.value).map_err(|_| (ParseErrorKind::BadSize, size_text))?
+    } else {
+        // numfmt prints i64::MAX as `8.0E`, a little above it: a rounded value saturates.
+        size.value.clamp(i64::MIN.into(), i64::MAX.into()) as i64
+    };
     rounded |= !size.exact;
 
     let (calls_text, after) = rest
@@ -118,9 +123,13 @@ fn parse_record(line: &str) -> Result<Record, LineError> {
         .ok_or_else(|| (ParseErrorKind::MissingField("call count"), line.to_string()))?;
     rest = after;
     let calls = parse_number(calls_text)
+        .filter(|n| n.value >= 0)
         .and_then(|n| {
             rounded |= !n.exact;
-            u64::try_from(n.value).ok()
+            match n.exact {
+                true => u64::try_from(n.value).ok(),
+                false => Some(n.value.min(u64::MAX.into()) as u64),
+            }
         })
         .ok_or_else(|| (ParseErrorKind::BadCalls, (*calls_text).to_string()))?;
 
@@ -380,5 +389,16 @@ mod tests {
     fn numfmt_on_both_columns_and_crlf() {
         let tag = one("       12M    9.6M a.c:1 func:f\r\n");
         assert_eq!((tag.bytes, tag.calls), (12582912, 10066330));
+    }
+
+    #[test]
+    fn rounded_values_saturate_exact_ones_do_not() {
+        let tag = one("8.0E 16E a.c:1 func:f");
+        assert_eq!((tag.bytes, tag.calls), (i64::MAX, u64::MAX));
+        assert_eq!(one("-8.0E 0 a.c:1 func:f").bytes, i64::MIN);
+        assert_eq!(
+            error("1 18446744073709551616 a.c:1 func:f").kind,
+            ParseErrorKind::BadCalls
+        );
     }
 }

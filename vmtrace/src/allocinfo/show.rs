@@ -45,7 +45,7 @@ pub fn show(
     sort: ShowSort,
     top: Option<usize>,
 ) -> Show {
-    let mut entries: Vec<Entry> = selection.entries(snapshot).into_values().collect();
+    let mut entries: Vec<Entry> = selection.entries(snapshot);
     let mut total = Counts::default();
     for e in &entries {
         total.add(e.counts);

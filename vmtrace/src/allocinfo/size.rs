@@ -47,7 +47,10 @@ pub fn parse_number(text: &str) -> Option<Number> {
         return None;
     }
     let multiplier = unit_multiplier(unit)?;
-    let digits: u128 = format!("{int_part}{frac_part}").parse().ok()?;
+    let mut digits: u128 = 0;
+    for b in int_part.bytes().chain(frac_part.bytes()) {
+        digits = digits * 10 + u128::from(b - b'0');
+    }
     let scale = 10u128.checked_pow(u32::try_from(frac_part.len()).ok()?)?;
     // Round half away from zero, in integers, so 2^63-sized values keep every digit.
     let numerator = digits.checked_mul(multiplier)?;

@@ -4,7 +4,7 @@
 //! against the first (what has accumulated), which is what one otherwise does by hand with two
 //! `diff` runs.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -56,8 +56,8 @@ pub struct WatchUpdate {
 pub struct Watcher {
     selection: Selection,
     top: Option<usize>,
-    first: BTreeMap<EntryKey, Entry>,
-    previous: BTreeMap<EntryKey, Entry>,
+    first: Vec<Entry>,
+    previous: Vec<Entry>,
     samples: usize,
 }
 
@@ -81,11 +81,12 @@ impl Watcher {
     pub fn step(&mut self, snapshot: &Snapshot) -> WatchUpdate {
         self.samples += 1;
         let current = self.selection.entries(snapshot);
-        let since_first: BTreeMap<EntryKey, (i64, i64)> = diff_entries(&self.first, &current)
-            .into_iter()
-            .map(|r| (r.key, (r.delta_bytes, r.delta_calls)))
-            .collect();
-        let mut rows: Vec<WatchRow> = diff_entries(&self.previous, &current)
+        let since_first: HashMap<EntryKey, (i64, i64)> =
+            diff_entries(self.first.clone(), current.clone())
+                .into_iter()
+                .map(|r| (r.key, (r.delta_bytes, r.delta_calls)))
+                .collect();
+        let mut rows: Vec<WatchRow> = diff_entries(self.previous.clone(), current.clone())
             .into_iter()
             .filter(|r| r.status != Status::Unchanged)
             .map(|r| {
@@ -133,9 +134,9 @@ impl Watcher {
     }
 }
 
-fn total(entries: &BTreeMap<EntryKey, Entry>) -> Counts {
+fn total(entries: &[Entry]) -> Counts {
     let mut t = Counts::default();
-    for e in entries.values() {
+    for e in entries {
         t.add(e.counts);
     }
     t

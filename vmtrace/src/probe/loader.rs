@@ -153,6 +153,7 @@ pub struct LoadedProbes {
     pub infos: Vec<ProbeInfo>,
     pub ring_bytes: u64,
     lost: PerCpuArray<MapData, u64>,
+    links: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>,
 }
 
 impl LoadedProbes {
@@ -190,6 +191,7 @@ impl LoadedProbes {
             .load(PROBES_OBJECT)
             .map_err(|e| classify_load_error(Box::new(e)))?;
         start_probe_logger(&mut ebpf);
+        let mut links = Vec::new();
         for spec in &TRACEPOINTS {
             let program: &mut TracePoint = ebpf
                 .program_mut(spec.program)
@@ -209,13 +211,15 @@ impl LoadedProbes {
                 action: "verifier load",
                 source: Box::new(e),
             })?;
-            program
-                .attach(spec.category, spec.name)
-                .map_err(|e| ProbeError::Program {
-                    program: spec.program.into(),
-                    action: "attach",
-                    source: Box::new(e),
-                })?;
+            let link =
+                program
+                    .attach(spec.category, spec.name)
+                    .map_err(|e| ProbeError::Program {
+                        program: spec.program.into(),
+                        action: "attach",
+                        source: Box::new(e),
+                    })?;
+            links.push((spec.program, link));
             log::info!(
                 "attached {} to tracepoint {}:{}",
                 spec.program,
@@ -238,7 +242,24 @@ impl LoadedProbes {
             infos,
             ring_bytes,
             lost,
+            links,
         })
+    }
+
+    /// Detaches every program but keeps them loaded, so no event is produced after this while
+    /// the run counts and lost counters can still be read and the ring buffer drained: the
+    /// footer then balances exactly.
+    pub fn detach(&mut self) {
+        for (name, link) in self.links.drain(..) {
+            let detached = self
+                .ebpf
+                .program_mut(name)
+                .and_then(|p| <&mut TracePoint>::try_from(p).ok())
+                .map(|p| p.detach(link));
+            if let Some(Err(e)) = detached {
+                log::warn!("detaching {name}: {e}");
+            }
+        }
     }
 
     /// Takes the event ring buffer; call once.

@@ -103,6 +103,13 @@ impl<R: BufRead> TraceReader<R> {
             if text.is_empty() {
                 continue;
             }
+            if !self.header_seen {
+                // Check format and version before the full parse, so a future header with other
+                // fields is refused for its version, not as malformed JSON.
+                if let Some(e) = check_identity(text) {
+                    return Some(Err(e));
+                }
+            }
             let parsed = serde_json::from_str::<Record>(text);
             let record = match parsed {
                 Ok(r) => r,
@@ -145,6 +152,26 @@ impl<R: BufRead> Iterator for TraceReader<R> {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.next_record()
+    }
+}
+
+/// `Some(error)` when the first line is a header of another format or version.
+fn check_identity(text: &str) -> Option<ReadError> {
+    #[derive(serde::Deserialize)]
+    struct Identity {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        format: Option<String>,
+        version: Option<u32>,
+    }
+    let id: Identity = serde_json::from_str(text).ok()?;
+    if id.kind.as_deref() != Some("header") {
+        return None;
+    }
+    match (id.format, id.version) {
+        (Some(f), _) if f != FORMAT => Some(ReadError::WrongFormat { found: f }),
+        (_, Some(v)) if v != VERSION => Some(ReadError::UnsupportedVersion { found: v }),
+        _ => None,
     }
 }
 

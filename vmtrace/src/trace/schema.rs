@@ -197,7 +197,8 @@ pub struct Footer {
     pub lost_by_kind: EventCounts,
     pub lost_total: u64,
     /// Events that reached user space after events with later timestamps had been written
-    /// (written anyway, out of order). Zero in a healthy recording.
+    /// (written anyway, out of order), plus ring-buffer records that could not be decoded.
+    /// Zero in a healthy recording.
     pub late_events: u64,
     /// Program runs as the kernel counted them (`kernel.bpf_stats_enabled=1` during the whole
     /// recording); absent otherwise. For each probe, run_count = events + lost.
