@@ -3,7 +3,8 @@
 //! The eBPF crate is linted on its own (nightly, `bpfel-unknown-none`) because a workspace-wide
 //! clippy would build it for the host, where its `no_std` panic handler clashes with std's.
 //! Integration tests whose target name starts with `privileged_` load probes and share kernel
-//! state (tracepoints, `kernel.kptr_restrict`), so each runs alone with one test thread.
+//! state (tracepoints, `kernel.kptr_restrict`), so each runs alone with one test thread, and in
+//! the release profile, because some of them check throughput of the shipped build.
 
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -193,6 +194,9 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
     }
     for (package, target) in privileged {
         let mut c = test_cmd();
+        // Release build: these tests measure the product as shipped (the sustained-rate test
+        // must keep up with two stressing CPUs; an unoptimised serde_json cannot).
+        c.arg("--release");
         c.args([
             "--package",
             &package,
