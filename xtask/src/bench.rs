@@ -62,8 +62,10 @@ struct Outcome {
     total_ops: Option<u64>,
     ops_per_sec: Option<f64>,
     ratio_to_untraced: Option<f64>,
-    /// What the tracer itself reported (vmtrace's footer, bpftrace's counts, perf.data's size).
+    /// What the tracer itself reported (vmtrace's footer, bpftrace's counts, perf's samples).
     tracer: Option<Value>,
+    /// Why the numbers may not mean what they seem, e.g. another tracer was attached.
+    warnings: Vec<String>,
     error: Option<String>,
 }
 
@@ -98,7 +100,7 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
 
     banner("untraced");
     outcomes.push(measure("untraced", stress(&vmtrace), |c| {
-        run_workload(c).map(|r| (r, None))
+        run_workload(c).map(|(r, _)| (r, None))
     }));
 
     banner("under vmtrace record");
@@ -106,7 +108,7 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     let mut record = Command::new(&vmtrace);
     record.args(["record", "-o"]).arg(&trace);
     outcomes.push(measure("vmtrace record", with_stress(record), |c| {
-        let report = run_workload(c)?;
+        let (report, _) = run_workload(c)?;
         let footer = last_line(&trace)
             .ok()
             .flatten()
@@ -126,9 +128,13 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     perf.args(["record", "-e", "vmalloc:*", "-a", "-o"])
         .arg(&perf_data);
     outcomes.push(measure("perf record", with_stress(perf), |c| {
-        let report = run_workload(c)?;
+        let (report, stderr) = run_workload(c)?;
         let bytes = fs::metadata(&perf_data).map(|m| m.len()).ok();
-        Ok((report, Some(json!({ "perf_data_bytes": bytes }))))
+        let samples = perf_samples(&stderr);
+        Ok((
+            report,
+            Some(json!({ "samples": samples, "perf_data_bytes": bytes })),
+        ))
     }));
     if !args.keep {
         let _ = fs::remove_file(&perf_data);
@@ -183,14 +189,39 @@ fn measure(
         ops_per_sec: None,
         ratio_to_untraced: None,
         tracer: None,
+        warnings: Vec::new(),
         error: None,
     };
-    match how(&mut cmd) {
+    // Checked before and after the run (when our own tracer is not attached): another tracer
+    // during a condition slows the workload too, and can hide events from perf.
+    let mut others = foreign_attachments();
+    let result = how(&mut cmd);
+    others.extend(foreign_attachments());
+    others.sort();
+    others.dedup();
+    for who in others {
+        outcome.warnings.push(format!(
+            "{who} had a BPF program on a vmalloc tracepoint around this run: it slows the \
+             workload too, and perf sees no events while a program returning 0 is attached"
+        ));
+    }
+    match result {
         Ok((report, tracer)) => {
             println!(
                 "{condition}: {:.0} ops/s ({} ops)",
                 report.ops_per_sec, report.total_ops
             );
+            // perf should see an event per alloc and per free; fewer than one per op means
+            // something hid them.
+            let samples = tracer.as_ref().and_then(|t| t["samples"].as_u64());
+            if condition == "perf record" && samples.unwrap_or(0) < report.total_ops {
+                outcome.warnings.push(format!(
+                    "perf recorded {} samples for {} ops: a BPF program returning 0 on these \
+                     tracepoints hides their events from perf",
+                    samples.map_or("no".into(), |n| n.to_string()),
+                    report.total_ops
+                ));
+            }
             outcome.total_ops = Some(report.total_ops);
             outcome.ops_per_sec = Some(report.ops_per_sec);
             outcome.tracer = tracer;
@@ -200,21 +231,24 @@ fn measure(
             outcome.error = Some(format!("{err:#}"));
         }
     }
+    for warning in &outcome.warnings {
+        println!("warning: {warning}");
+    }
     outcome
 }
 
-/// Runs the workload (possibly wrapped in a tracer) with stderr shown live, and reads its JSON
-/// report from stdout.
-fn run_workload(cmd: &mut Command) -> Result<StressReport> {
+/// Runs the workload (possibly wrapped in a tracer), reads its JSON report from stdout, and
+/// returns it with stderr, which is echoed once the run is over.
+fn run_workload(cmd: &mut Command) -> Result<(StressReport, String)> {
     let line = cmd::display(cmd);
     println!("$ {line}");
     let out = cmd
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("cannot start `{line}`"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprint!("{stderr}");
     if !out.status.success() {
         bail!(
             "`{line}` failed ({}); stdout: {}",
@@ -222,11 +256,70 @@ fn run_workload(cmd: &mut Command) -> Result<StressReport> {
             stdout.trim()
         );
     }
-    parse_report(&stdout).with_context(|| {
+    let report = parse_report(&stdout).with_context(|| {
         format!(
             "`{line}` printed no JSON object with total_ops and ops_per_sec; stdout: {}",
             stdout.trim()
         )
+    })?;
+    Ok((report, stderr))
+}
+
+/// The sample count from perf's closing line,
+/// `[ perf record: Captured and wrote 9.8 MB perf.data (95136 samples) ]`; `None` when perf
+/// recorded no sample at all (it then leaves the parenthesis out).
+fn perf_samples(stderr: &str) -> Option<u64> {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.contains("perf record: Captured"))?;
+    let (_, tail) = line.rsplit_once('(')?;
+    tail.split_whitespace().next()?.parse().ok()
+}
+
+/// The vmalloc tracepoints the tracers under test attach to.
+const VMALLOC_TRACEPOINTS: [&str; 3] = [
+    "alloc_vmap_area",
+    "free_vmap_area_noflush",
+    "purge_vmap_area_lazy",
+];
+
+/// Processes holding a BPF program on a vmalloc tracepoint (`bpftool perf list`), as
+/// `pid N (comm)`. Another tracer running during a condition slows the workload and skews the
+/// comparison; worse, the kernel drops a tracepoint's perf samples whenever an attached BPF
+/// program returns 0, so `perf record` then sees nothing. Empty when bpftool cannot tell.
+fn foreign_attachments() -> Vec<String> {
+    let Some(bpftool) = bpftool() else {
+        return Vec::new();
+    };
+    let entries = cmd::stdout_of(Command::new(bpftool).args(["-j", "perf", "list"]))
+        .ok()
+        .and_then(|s| serde_json::from_str::<Vec<Value>>(&s).ok())
+        .unwrap_or_default();
+    let mut pids: Vec<u64> = entries
+        .iter()
+        .filter(|e| {
+            e["fd_type"] == "tracepoint"
+                && e["tracepoint"]
+                    .as_str()
+                    .is_some_and(|tp| VMALLOC_TRACEPOINTS.contains(&tp))
+        })
+        .filter_map(|e| e["pid"].as_u64())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .map(|pid| {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim())
+        })
+        .collect()
+}
+
+fn bpftool() -> Option<PathBuf> {
+    find_on_path("bpftool").or_else(|| {
+        let sbin = PathBuf::from("/usr/sbin/bpftool");
+        sbin.is_file().then_some(sbin)
     })
 }
 
@@ -334,7 +427,7 @@ fn under_bpftrace(stress: &mut Command) -> Result<(StressReport, Option<Value>)>
     let attach_note = wait_attached(pid, BPFTRACE_PROBES, Duration::from_secs(15));
     println!("bpftrace: {attach_note}");
 
-    let report = run_workload(stress);
+    let report = run_workload(stress).map(|(r, _)| r);
 
     // SIGINT makes bpftrace print its maps and exit; the counts show it saw the events.
     // SAFETY: kill(2) with a pid of our own live child; failure is harmless and reported by
@@ -375,10 +468,7 @@ fn parse_count(line: &str) -> Option<(String, u64)> {
 /// "Attaching" is printed before the attachments exist. Falls back to a fixed pause, and says
 /// so, when bpftool cannot tell.
 fn wait_attached(pid: u32, want: usize, timeout: Duration) -> String {
-    let Some(bpftool) = find_on_path("bpftool").or_else(|| {
-        let sbin = PathBuf::from("/usr/sbin/bpftool");
-        sbin.is_file().then_some(sbin)
-    }) else {
+    let Some(bpftool) = bpftool() else {
         thread::sleep(Duration::from_secs(2));
         return "bpftool not found; waited 2 s after \"Attaching\"".into();
     };
@@ -407,13 +497,16 @@ fn print_table(outcomes: &[Outcome]) {
     banner("overhead: vmtrace stress fix-size throughput");
     println!("  {:<16} {:>14} {:>10}", "condition", "ops/s", "ratio");
     for o in outcomes {
-        match (o.ops_per_sec, o.ratio_to_untraced) {
-            (Some(ops), Some(ratio)) => {
-                println!("  {:<16} {:>14.0} {:>10.3}", o.condition, ops, ratio)
-            }
-            (Some(ops), None) => println!("  {:<16} {:>14.0} {:>10}", o.condition, ops, "-"),
-            _ => println!("  {:<16} {:>14} {:>10}", o.condition, "failed", "-"),
-        }
+        let ops = o.ops_per_sec.map_or("failed".into(), |v| format!("{v:.0}"));
+        let ratio = o
+            .ratio_to_untraced
+            .map_or("-".into(), |v| format!("{v:.3}"));
+        let flag = if o.warnings.is_empty() {
+            ""
+        } else {
+            "  (see warnings)"
+        };
+        println!("  {:<16} {ops:>14} {ratio:>10}{flag}", o.condition);
     }
     let ratio = |name: &str| {
         outcomes
@@ -443,6 +536,15 @@ mod tests {
         assert_eq!(parse_report(pretty).map(|r| r.total_ops), Some(9));
 
         assert!(parse_report("no json here").is_none());
+    }
+
+    #[test]
+    fn perf_sample_count_parses() {
+        let stderr = "[ perf record: Woken up 63 times to write data ]\n\
+            [ perf record: Captured and wrote 15.917 MB /x/perf.data (153170 samples) ]\n";
+        assert_eq!(perf_samples(stderr), Some(153170));
+        let none = "[ perf record: Captured and wrote 0.043 MB perf.data ]";
+        assert_eq!(perf_samples(none), None);
     }
 
     #[test]
