@@ -1,0 +1,74 @@
+//! The bundled real trace (`vmtrace/assets/sample-trace.jsonl`) stays readable and valid: it is
+//! what `cargo xtask run` shows without privileges, so a format change must regenerate it.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn sample() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/sample-trace.jsonl")
+}
+
+#[test]
+fn sample_trace_validates_against_the_schema() {
+    let lines = common::assert_trace_valid(&sample());
+    assert!(lines > 1000, "only {lines} lines");
+}
+
+#[test]
+fn sample_trace_is_consistent() {
+    let file = std::fs::File::open(sample()).unwrap();
+    let s = vmtrace::summary::summarize(std::io::BufReader::new(file)).unwrap();
+    assert_eq!(s.lost_total, Some(0));
+    assert!(s.cut_short_at_line.is_none());
+    assert!(s.snapshot_real_addresses);
+    assert!(
+        s.events.alloc >= 2000 && s.events.free >= 2000 && s.events.purge >= 1,
+        "{:?}",
+        s.events
+    );
+    assert_eq!(s.unmatched_frees, 0);
+    assert_eq!(s.allocs_outside_vmalloc, 0);
+    assert_eq!(s.lazy_max_pages, Some(16384));
+    assert_eq!(s.nr_vmap_nodes, 2);
+}
+
+#[test]
+fn summary_command_prints_text_and_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .arg("summary")
+        .arg(sample())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("lost events: 0"), "{text}");
+    assert!(text.contains("vmap nodes 2"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["summary", "--json"])
+        .arg(sample())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["lost_total"], 0);
+    assert!(v["events"]["alloc"].as_u64().unwrap() >= 2000);
+}
+
+#[test]
+fn a_corrupt_line_is_reported_with_its_number() {
+    let text = std::fs::read_to_string(sample()).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[10] = "{\"type\":\"alloc\",\"ts_ns\":\"oops\"}";
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .arg("summary")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 11"), "{err}");
+}
