@@ -478,3 +478,54 @@ fn sustained_two_thread_stress_loses_nothing() {
         stdout.lines().collect::<Vec<_>>().join(" | ")
     );
 }
+
+/// vmtrace must not blind other tracers: a tracepoint program returning 0 would suppress the
+/// event for every perf user of that tracepoint.
+#[test]
+fn perf_still_sees_vmalloc_events_while_recording() {
+    if !privileged() {
+        return;
+    }
+    let dir = tmpdir();
+    let out = dir.path().join("t.jsonl");
+    let perf_data = dir.path().join("perf.data");
+    let mut rec = Command::new(VMTRACE)
+        .args(["record", "-q", "--duration", "20s", "-o"])
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "recording never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let perf = Command::new("perf")
+        .args(["record", "-q", "-e", "vmalloc:alloc_vmap_area", "-a", "-o"])
+        .arg(&perf_data)
+        .args([
+            "--", VMTRACE, "stress", "fix-size", "--pages", "4", "--loops", "2000",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("perf (linux-perf) is needed");
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
+    assert!(rec.wait().unwrap().success());
+    assert!(perf.success(), "perf record failed: {perf}");
+    let script = Command::new("perf")
+        .args(["script", "-i"])
+        .arg(&perf_data)
+        .output()
+        .unwrap();
+    let samples = String::from_utf8_lossy(&script.stdout)
+        .lines()
+        .filter(|l| l.contains("alloc_vmap_area"))
+        .count();
+    assert!(
+        samples >= 2000,
+        "perf saw only {samples} alloc_vmap_area events while vmtrace recorded"
+    );
+}
