@@ -6,13 +6,11 @@
 //! kernel documents that absolute values are too low but deltas are exact, so deltas are used as
 //! they are and only the absolute values are flagged.
 
-use std::collections::HashMap;
-
 use serde::Serialize;
 
 use super::marks::Marks;
 use super::model::{Counts, Format, Snapshot};
-use super::query::{Entry, EntryKey, GroupBy, Selection};
+use super::query::{fast_map, Entry, EntryKey, FastMap, GroupBy, Selection};
 use super::render::{signed, table, SizeStyle};
 
 /// What happened to a key between the two snapshots.
@@ -102,9 +100,29 @@ pub struct Diff {
     pub rows: Vec<DiffRow>,
 }
 
+/// What `diff --json` prints.
+#[derive(Debug, Serialize)]
+pub struct DiffJson<'a> {
+    pub old: &'a SourceInfo,
+    pub new: &'a SourceInfo,
+    pub group_by: Option<GroupBy>,
+    pub warnings: &'a [String],
+    pub totals: &'a DiffTotals,
+    pub rows: Vec<&'a DiffRow>,
+}
+
 /// Diffs two snapshots after applying the same selection to both.
 pub fn diff(old: &Snapshot, new: &Snapshot, selection: &Selection) -> Diff {
-    let rows = diff_entries(selection.entries(old), selection.entries(new));
+    // The two sides are independent; folding them on two threads halves this step's time.
+    let (old_entries, new_entries) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| selection.entries(old));
+        let new_entries = selection.entries(new);
+        let old_entries = other
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (old_entries, new_entries)
+    });
+    let rows = diff_entries(old_entries, new_entries);
     Diff {
         old: SourceInfo::of(old),
         new: SourceInfo::of(new),
@@ -120,8 +138,8 @@ pub fn diff(old: &Snapshot, new: &Snapshot, selection: &Selection) -> Diff {
 /// The lists are consumed so that each row takes its key from them instead of cloning it.
 pub fn diff_entries(old: Vec<Entry>, new: Vec<Entry>) -> Vec<DiffRow> {
     let partner: Vec<Option<usize>> = {
-        let index: HashMap<&EntryKey, usize> =
-            new.iter().enumerate().map(|(i, e)| (&e.key, i)).collect();
+        let mut index: FastMap<&EntryKey, usize> = fast_map(new.len());
+        index.extend(new.iter().enumerate().map(|(i, e)| (&e.key, i)));
         old.iter().map(|e| index.get(&e.key).copied()).collect()
     };
     let mut new: Vec<Option<Entry>> = new.into_iter().map(Some).collect();
@@ -327,26 +345,18 @@ impl Diff {
         rows
     }
 
-    /// The JSON document of `diff --json`: the same as the struct, with only the listed rows.
-    pub fn to_json(&self, listing: &Listing) -> serde_json::Value {
-        #[derive(Serialize)]
-        struct Doc<'a> {
-            old: &'a SourceInfo,
-            new: &'a SourceInfo,
-            group_by: Option<GroupBy>,
-            warnings: &'a [String],
-            totals: &'a DiffTotals,
-            rows: Vec<&'a DiffRow>,
-        }
-        serde_json::to_value(Doc {
+    /// The JSON document of `diff --json`: the struct with only the listed rows. It is
+    /// serialized straight to text; going through `serde_json::Value` doubled the time of a
+    /// 10 000-tag diff.
+    pub fn to_json(&self, listing: &Listing) -> DiffJson<'_> {
+        DiffJson {
             old: &self.old,
             new: &self.new,
             group_by: self.group_by,
             warnings: &self.warnings,
             totals: &self.totals,
             rows: self.listing(listing),
-        })
-        .unwrap_or(serde_json::Value::Null)
+        }
     }
 
     /// The text report of `diff`.

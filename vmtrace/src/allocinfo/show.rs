@@ -45,25 +45,26 @@ pub fn show(
     sort: ShowSort,
     top: Option<usize>,
 ) -> Show {
-    let mut entries: Vec<Entry> = selection.entries(snapshot);
+    let entries: Vec<Entry> = selection.entries(snapshot);
     let mut total = Counts::default();
     for e in &entries {
         total.add(e.counts);
     }
-    sort_entries(&mut entries, sort);
+    let mut order: Vec<&Entry> = entries.iter().collect();
+    sort_entries(&mut order, sort);
     if let Some(top) = top {
-        entries.truncate(top);
+        order.truncate(top);
     }
-    let rows = entries
+    let rows = order
         .into_iter()
         .map(|e| ShowRow {
+            key: e.key.clone(),
             bytes: e.counts.bytes,
             calls: e.counts.calls,
             tags: e.tags,
             accurate: e.accurate(),
-            extra: e.extra,
+            extra: e.extra.clone(),
             marks: e.marks,
-            key: e.key,
         })
         .collect();
     Show {
