@@ -282,8 +282,6 @@ fn run_diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
-    // Fail before the first sleep, with the reason, when the file cannot be read at all.
-    snapshot::read(&args.file)?;
     for warning in live_warnings(&args.file) {
         eprintln!("vmtrace: warning: {warning}");
     }

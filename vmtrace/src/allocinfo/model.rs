@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::ParseError;
 
@@ -11,7 +11,7 @@ use super::error::ParseError;
 ///
 /// file:line alone is not enough: macros and inlined helpers put several tags on one line, and a
 /// module's tags share file names with built-in code, so all four fields are the key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TagKey {
     pub file: String,
     pub line: u32,
@@ -32,8 +32,8 @@ impl fmt::Display for TagKey {
     }
 }
 
-/// One line of /proc/allocinfo.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One line of /proc/allocinfo. (De)serializable so traces can carry allocinfo samples.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tag {
     #[serde(flatten)]
     pub key: TagKey,
@@ -45,6 +45,7 @@ pub struct Tag {
     /// could not be tracked, but deltas between two snapshots are still exact.
     pub accurate: bool,
     /// Other `key:value` pairs of v2.0+ lines, kept so that a newer kernel's markers are not lost.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, String>,
 }
 
@@ -59,7 +60,7 @@ impl Tag {
 
 /// Bytes and calls, summed with saturation: parsed input can hold any i64, and an overflowing
 /// total must not abort a report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
     pub bytes: i64,
     pub calls: u64,
@@ -242,6 +243,28 @@ mod tests {
         ] {
             assert_eq!(Version::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn tags_round_trip_through_json() {
+        let tag = Tag {
+            key: TagKey {
+                file: "include/linux/mm.h".into(),
+                line: 2990,
+                module: None,
+                function: "pagetable_alloc".into(),
+            },
+            bytes: 4096,
+            calls: 1,
+            accurate: false,
+            extra: BTreeMap::new(),
+        };
+        let text = serde_json::to_string(&tag).expect("serializes");
+        assert_eq!(
+            text,
+            r#"{"file":"include/linux/mm.h","line":2990,"module":null,"function":"pagetable_alloc","bytes":4096,"calls":1,"accurate":false}"#
+        );
+        assert_eq!(serde_json::from_str::<Tag>(&text).expect("parses"), tag);
     }
 
     #[test]

@@ -116,8 +116,8 @@ impl Selection {
     /// The snapshot's tags after filtering, one entry per key, in first-seen order. Repeated
     /// keys (a module that was unloaded with live allocations and loaded again) are summed.
     ///
-    /// Keys are looked up by reference and cloned once per distinct key: on a 10 000-line file
-    /// this, not parsing, was where the time went when every tag went through an ordered map.
+    /// Keys are looked up by reference in a hash map and cloned once per distinct key: an
+    /// ordered map of cloned keys took a large share of a 10 000-line diff.
     pub fn entries(&self, snapshot: &Snapshot) -> Vec<Entry> {
         let capacity = if self.group_by.is_none() {
             snapshot.tags.len()

@@ -201,6 +201,10 @@ mod tests {
         write_atomic(&path, b"old").expect("write");
         write_atomic(&path, b"new contents").expect("rewrite");
         assert_eq!(fs::read(&path).expect("read"), b"new contents");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &fs::metadata(&path).expect("stat").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
         let leftovers = fs::read_dir(dir.path()).expect("list").count();
         assert_eq!(leftovers, 1, "no temporary file left behind");
         let e = write_atomic(&dir.path().join("missing/dir/x"), b"x").expect_err("no dir");
