@@ -5,6 +5,7 @@
 pub mod allocinfo;
 pub mod cli;
 pub mod host;
+pub mod model;
 pub mod probe;
 pub mod record;
 pub mod summary;

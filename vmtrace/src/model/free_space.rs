@@ -1,0 +1,284 @@
+//! The global free space: `free_vmap_area_root` and its list (spec §1.2–§1.5).
+//!
+//! Blocks are kept in a `BTreeMap` keyed by start (the address-sorted list, for merging) and, in
+//! parallel, in one `BTreeMap` per power-of-two size class. The size classes stand in for the
+//! kernel's `subtree_max_size` augmentation: to find the lowest block that can hold a request we
+//! take the lowest block of every class whose members all fit (one lookup each) and scan only the
+//! one or two classes whose members may or may not fit, and only below the best candidate found.
+//!
+//! For `align <= PAGE_SIZE` the result is exactly the kernel's: `find_vmap_lowest_match` returns the
+//! lowest-addressed block that passes `is_within_this_va`, whatever the tree's shape. For larger
+//! alignments the kernel's answer depends on the rb-tree's shape (spec §1.3); this module returns
+//! the lowest block that passes the exact aligned test, which is what the kernel returns whenever
+//! that block lies on its search path. `docs/model.md` discusses the deviation.
+
+use std::collections::BTreeMap;
+
+use super::ModelError;
+
+/// `enum fit_type` of `mm/vmalloc.c`, without `NOTHING_FIT`, which [`FreeSpace`] never produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum FitType {
+    /// The block is used up entirely.
+    Fl,
+    /// The allocation starts at the block's start.
+    Le,
+    /// The allocation ends at the block's end.
+    Re,
+    /// The allocation lies strictly inside: the block splits in two (one preload object used).
+    Ne,
+}
+
+/// Why the lowest-fit search failed; the kernel's `alloc_vmap_area` trace shows these as errnos.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FitFailure {
+    /// `-ENOENT`: no free block can hold the request.
+    NoBlock,
+    /// `-ERANGE`: the lowest fitting block ends the allocation beyond `vend`.
+    BeyondEnd,
+}
+
+/// Number of size classes: one per bit of a `u64` length.
+const CLASSES: usize = 64;
+
+#[derive(Clone, Debug)]
+pub struct FreeSpace {
+    /// start -> end (exclusive) of every free block.
+    blocks: BTreeMap<u64, u64>,
+    /// The same blocks split by `floor(log2(len))`.
+    classes: Vec<BTreeMap<u64, u64>>,
+    free_bytes: u64,
+}
+
+#[inline]
+fn class_of(len: u64) -> usize {
+    63 - len.leading_zeros() as usize
+}
+
+#[inline]
+fn align_up(v: u64, align: u64) -> Option<u64> {
+    // `align` is a power of two (checked by the caller).
+    v.checked_add(align - 1).map(|x| x & !(align - 1))
+}
+
+/// `is_within_this_va`: the aligned start inside `[start, end)`, if the request fits there.
+#[inline]
+fn fit_in(start: u64, end: u64, size: u64, align: u64, vstart: u64) -> Option<u64> {
+    let nva = if start > vstart {
+        align_up(start, align)?
+    } else {
+        align_up(vstart, align)?
+    };
+    if nva < vstart {
+        return None;
+    }
+    let last = nva.checked_add(size)?;
+    (last <= end).then_some(nva)
+}
+
+impl Default for FreeSpace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FreeSpace {
+    pub fn new() -> Self {
+        Self {
+            blocks: BTreeMap::new(),
+            classes: vec![BTreeMap::new(); CLASSES],
+            free_bytes: 0,
+        }
+    }
+
+    /// Total free bytes.
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    /// Number of free blocks (objects in the kernel's free tree).
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Free blocks in address order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.blocks.iter().map(|(&s, &e)| (s, e))
+    }
+
+    /// The free block containing `addr`, if any.
+    pub fn block_containing(&self, addr: u64) -> Option<(u64, u64)> {
+        let (&s, &e) = self.blocks.range(..=addr).next_back()?;
+        (addr < e).then_some((s, e))
+    }
+
+    fn link(&mut self, start: u64, end: u64) {
+        self.blocks.insert(start, end);
+        self.classes[class_of(end - start)].insert(start, end);
+        self.free_bytes += end - start;
+    }
+
+    fn unlink(&mut self, start: u64, end: u64) {
+        self.blocks.remove(&start);
+        self.classes[class_of(end - start)].remove(&start);
+        self.free_bytes -= end - start;
+    }
+
+    /// `find_vmap_lowest_match` followed by the fit test: the lowest block that can hold `size`
+    /// bytes aligned to `align` at or above `vstart`, and the placement in it.
+    pub fn find_lowest(&self, size: u64, align: u64, vstart: u64) -> Option<(u64, u64, u64)> {
+        if size == 0 || !align.is_power_of_two() {
+            return None;
+        }
+        // A block that straddles vstart is the only candidate starting below it.
+        if let Some((&s, &e)) = self.blocks.range(..=vstart).next_back() {
+            if e > vstart {
+                if let Some(nva) = fit_in(s, e, size, align, vstart) {
+                    return Some((s, e, nva));
+                }
+            }
+        }
+        let lo = vstart.saturating_add(1);
+        // Any block at least this long fits whatever its alignment.
+        let sure = size.saturating_add(align - 1);
+        let mut best: Option<(u64, u64, u64)> = None;
+        // Classes whose every member fits: the lowest member is the candidate.
+        for class in class_of(sure).saturating_add(1)..CLASSES {
+            let upper = best.map_or(u64::MAX, |b| b.0);
+            if let Some((&s, &e)) = self.classes[class].range(lo..upper).next() {
+                if let Some(nva) = fit_in(s, e, size, align, vstart) {
+                    best = Some((s, e, nva));
+                }
+            }
+        }
+        // Classes whose members may or may not fit: scan below the best so far.
+        for class in class_of(size)..=class_of(sure).min(CLASSES - 1) {
+            let upper = best.map_or(u64::MAX, |b| b.0);
+            for (&s, &e) in self.classes[class].range(lo..upper) {
+                if let Some(nva) = fit_in(s, e, size, align, vstart) {
+                    best = Some((s, e, nva));
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    /// `__alloc_vmap_area`: lowest fit, the `vend` check, then the split.
+    pub fn alloc(
+        &mut self,
+        size: u64,
+        align: u64,
+        vstart: u64,
+        vend_inclusive: u64,
+    ) -> Result<(u64, FitType), FitFailure> {
+        let (s, e, nva) = self
+            .find_lowest(size, align, vstart)
+            .ok_or(FitFailure::NoBlock)?;
+        // va_alloc: `nva + size > vend` with the kernel's inclusive VMALLOC_END.
+        if nva.saturating_add(size) > vend_inclusive {
+            return Err(FitFailure::BeyondEnd);
+        }
+        Ok((nva, self.split(s, e, nva, size)))
+    }
+
+    /// `va_clip`: carve `[nva, nva+size)` out of block `[s, e)`.
+    fn split(&mut self, s: u64, e: u64, nva: u64, size: u64) -> FitType {
+        let end = nva + size;
+        self.unlink(s, e);
+        let fit = match (nva == s, end == e) {
+            (true, true) => FitType::Fl,
+            (true, false) => FitType::Le,
+            (false, true) => FitType::Re,
+            (false, false) => FitType::Ne,
+        };
+        if nva > s {
+            self.link(s, nva);
+        }
+        if end < e {
+            self.link(end, e);
+        }
+        fit
+    }
+
+    /// Takes an exact range out of the free space (replay resynchronisation: the kernel placed
+    /// an area where the model did not predict it).
+    pub fn claim(&mut self, start: u64, size: u64) -> Result<FitType, ModelError> {
+        match self.block_containing(start) {
+            Some((s, e)) if start.checked_add(size).is_some_and(|end| end <= e) => {
+                Ok(self.split(s, e, start, size))
+            }
+            _ => Err(ModelError::NotFree { addr: start, size }),
+        }
+    }
+
+    /// `merge_or_add_vmap_area_augment`: returns `[start, end)` and merges with both neighbours.
+    pub fn release(&mut self, start: u64, size: u64) -> Result<(), ModelError> {
+        let end = start
+            .checked_add(size)
+            .ok_or(ModelError::Overlap { addr: start, size })?;
+        if size == 0 {
+            return Ok(());
+        }
+        let prev = self
+            .blocks
+            .range(..=start)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
+        let next = self.blocks.range(start..).next().map(|(&s, &e)| (s, e));
+        if prev.is_some_and(|(_, pe)| pe > start) || next.is_some_and(|(ns, _)| ns < end) {
+            return Err(ModelError::Overlap { addr: start, size });
+        }
+        let mut new_start = start;
+        let mut new_end = end;
+        if let Some((ns, ne)) = next {
+            if ns == end {
+                self.unlink(ns, ne);
+                new_end = ne;
+            }
+        }
+        if let Some((ps, pe)) = prev {
+            if pe == start {
+                self.unlink(ps, pe);
+                new_start = ps;
+            }
+        }
+        self.link(new_start, new_end);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 4096;
+
+    #[test]
+    fn fit_types_and_merge() {
+        let mut f = FreeSpace::new();
+        f.release(0, 100 * P).unwrap();
+        assert_eq!(f.alloc(2 * P, 1, 0, u64::MAX), Ok((0, FitType::Le)));
+        f.claim(50 * P, 2 * P).unwrap();
+        // Blocks: [2,50) [52,100)
+        assert_eq!(f.alloc(48 * P, 1, 0, u64::MAX), Ok((2 * P, FitType::Fl)));
+        assert_eq!(
+            f.alloc(2 * P, 4 * P, 52 * P, u64::MAX),
+            Ok((52 * P, FitType::Le))
+        );
+        // [54,100): aligned to 8 pages -> 56: NE.
+        assert_eq!(f.alloc(P, 8 * P, 0, u64::MAX), Ok((56 * P, FitType::Ne)));
+        assert_eq!(f.len(), 2);
+        f.release(56 * P, P).unwrap();
+        assert_eq!(f.len(), 1);
+        assert!(f.release(60 * P, P).is_err());
+        assert_eq!(f.alloc(P, 1, 0, 54 * P), Err(FitFailure::BeyondEnd));
+        assert_eq!(f.alloc(1000 * P, 1, 0, u64::MAX), Err(FitFailure::NoBlock));
+    }
+}

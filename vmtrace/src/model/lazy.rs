@@ -1,0 +1,166 @@
+//! The lazy path (spec §4): per-node lazy trees, `vmap_lazy_nr`, and the purge arithmetic.
+
+use std::collections::BTreeMap;
+
+/// A lazily freed area waiting for a purge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LazyArea {
+    pub size: u64,
+    /// Encoded node id (`(id + 1)`, 0 = none), as in `va->flags`.
+    pub tag: u32,
+}
+
+/// Lazy trees, one per node (one merging tree in the `global` variant).
+#[derive(Clone, Debug)]
+pub struct LazyLists {
+    trees: Vec<BTreeMap<u64, LazyArea>>,
+    /// The pre-node purge tree merged adjacent areas (spec §9.3); the node design does not.
+    merging: bool,
+    /// `vmap_lazy_nr`, in pages.
+    pages: u64,
+}
+
+impl LazyLists {
+    pub fn new(nodes: u32, merging: bool) -> Self {
+        Self {
+            trees: vec![BTreeMap::new(); nodes.max(1) as usize],
+            merging,
+            pages: 0,
+        }
+    }
+
+    /// `vmap_lazy_nr`.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Objects on all lazy trees.
+    pub fn objects(&self) -> usize {
+        self.trees.iter().map(BTreeMap::len).sum()
+    }
+
+    /// `free_vmap_area_noflush`: adds the area and returns the new backlog in pages.
+    pub fn insert(&mut self, node: u32, start: u64, area: LazyArea, page_size: u64) -> u64 {
+        let i = (node as usize).min(self.trees.len() - 1);
+        self.pages += area.size / page_size.max(1);
+        let tree = &mut self.trees[i];
+        if !self.merging {
+            tree.insert(start, area);
+            return self.pages;
+        }
+        let mut start = start;
+        let mut size = area.size;
+        if let Some(next) = tree.remove(&(start + size)) {
+            size += next.size;
+        }
+        if let Some((&ps, &prev)) = tree.range(..start).next_back() {
+            if ps + prev.size == start {
+                tree.remove(&ps);
+                start = ps;
+                size += prev.size;
+            }
+        }
+        tree.insert(start, LazyArea { size, tag: 0 });
+        self.pages
+    }
+
+    /// Takes a node's whole lazy tree (the detach under `lazy.lock`), in address order.
+    pub fn detach(&mut self, node: u32) -> BTreeMap<u64, LazyArea> {
+        self.trees
+            .get_mut(node as usize)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// `purge_vmap_node` step 3: the purged pages leave the counter.
+    pub fn subtract(&mut self, pages: u64) {
+        self.pages = self.pages.saturating_sub(pages);
+    }
+
+    /// Every lazy area as `(node, start, area)`.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, u64, LazyArea)> + '_ {
+        self.trees
+            .iter()
+            .enumerate()
+            .flat_map(|(n, t)| t.iter().map(move |(&s, &a)| (n as u32, s, a)))
+    }
+
+    pub fn nodes(&self) -> u32 {
+        self.trees.len() as u32
+    }
+
+    /// The lazy area starting at `addr`, if any.
+    pub fn find(&self, addr: u64) -> Option<(u32, LazyArea)> {
+        self.trees
+            .iter()
+            .enumerate()
+            .find_map(|(n, t)| t.get(&addr).map(|a| (n as u32, *a)))
+    }
+}
+
+/// `__purge_vmap_area_lazy`'s helper count: `clamp(backlog / lazy_max, 1, nodes with work) - 1`,
+/// with the backlog read after the detach and before any decrement.
+pub fn purge_helpers(lazy_pages: u64, lazy_max_pages: u64, nodes_with_work: u32) -> u32 {
+    if nodes_with_work == 0 {
+        return 0;
+    }
+    let ratio = lazy_pages / lazy_max_pages.max(1);
+    (ratio.clamp(1, u64::from(nodes_with_work)) - 1) as u32
+}
+
+/// `lazy_max_pages()`: `fls(online CPUs) * 32 MiB / PAGE_SIZE`.
+pub fn lazy_max_pages(online_cpus: u32, page_size: u64) -> u64 {
+    let fls = u64::from(32 - online_cpus.leading_zeros());
+    fls * ((32 << 20) / page_size.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers_and_threshold() {
+        assert_eq!(purge_helpers(16385, 16384, 2), 0);
+        assert_eq!(purge_helpers(32768, 16384, 2), 1);
+        assert_eq!(purge_helpers(99999, 16384, 2), 1);
+        assert_eq!(purge_helpers(10, 16384, 1), 0);
+        assert_eq!(purge_helpers(10, 16384, 0), 0);
+        assert_eq!(lazy_max_pages(2, 4096), 16384);
+        assert_eq!(lazy_max_pages(1, 4096), 8192);
+        assert_eq!(lazy_max_pages(8, 4096), 32768);
+    }
+
+    #[test]
+    fn merging_tree() {
+        let mut l = LazyLists::new(1, true);
+        l.insert(
+            0,
+            0x1000,
+            LazyArea {
+                size: 0x1000,
+                tag: 0,
+            },
+            4096,
+        );
+        l.insert(
+            0,
+            0x3000,
+            LazyArea {
+                size: 0x1000,
+                tag: 0,
+            },
+            4096,
+        );
+        l.insert(
+            0,
+            0x2000,
+            LazyArea {
+                size: 0x1000,
+                tag: 0,
+            },
+            4096,
+        );
+        assert_eq!(l.objects(), 1);
+        assert_eq!(l.pages(), 3);
+    }
+}

@@ -1,0 +1,704 @@
+//! Reference model of the kernel's vmap-area allocator (`mm/vmalloc.c`, node design of v6.9+).
+//!
+//! The model is a plain state machine with no I/O and no randomness: the same calls give the same
+//! answers. It depends on nothing else in the crate, so the replay driver, a future free-running
+//! simulator and the tests all feed it the same way. `shared/reference/vmalloc-allocator.md` is
+//! the specification; section numbers in the comments refer to it. `docs/model.md` lists what is
+//! exact and what is approximated.
+//!
+//! One [`Model`] holds the free space ([`free_space`]), per-node busy and lazy sets ([`lazy`]), the
+//! size-segregated pools ([`pools`]), the page-table slots ([`pagetable`]) and lock counts
+//! ([`locks`]). Addresses are `u64` byte addresses; sizes include the guard page, as the kernel's
+//! `alloc_vmap_area` sees them.
+
+pub mod free_space;
+pub mod lazy;
+pub mod locks;
+pub mod nodes;
+pub mod pagetable;
+pub mod pools;
+
+use std::collections::BTreeMap;
+
+pub use free_space::{FitFailure, FitType, FreeSpace};
+pub use lazy::{lazy_max_pages, purge_helpers, LazyArea, LazyLists};
+pub use locks::LockCounts;
+pub use nodes::NodeLayout;
+pub use pagetable::{PageTableSlots, SlotCounts};
+pub use pools::{pool_index, PoolLookup, Pools, MAX_VA_SIZE_PAGES};
+
+/// Which allocator design to model.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Variant {
+    /// The current kernel (v6.9+): vmap nodes with per-node busy/lazy trees and size pools.
+    #[default]
+    Nodes,
+    /// The Feb 2024 proposal: like `nodes`, but a purge does not pool an area when the pool
+    /// already holds more than `lazy_max_pages` objects (the high-priority purge workqueue half of
+    /// the proposal only matters to the timing model, which does not exist yet).
+    NodesCapped,
+    /// The v6.2–v6.8 design (§9.3): one busy tree, one merging lazy tree, no pools.
+    Global,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Nodes => "nodes",
+            Variant::NodesCapped => "nodes-capped",
+            Variant::Global => "global",
+        }
+    }
+
+    fn has_pools(self) -> bool {
+        !matches!(self, Variant::Global)
+    }
+}
+
+/// Allocator parameters, normally read from the trace header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub page_size: u64,
+    pub layout: NodeLayout,
+    /// `lazy_max_pages()`, in pages: the drain threshold.
+    pub lazy_max_pages: u64,
+    /// `VMALLOC_START`.
+    pub vmalloc_start: u64,
+    /// `VMALLOC_END`: the kernel's **inclusive** last byte.
+    pub vmalloc_end: u64,
+    /// Whether PUD tables are allocated on demand (5-level paging).
+    pub five_level: bool,
+    pub variant: Variant,
+}
+
+impl Params {
+    /// End (exclusive) of the space the model manages: the last page below `VMALLOC_END` can
+    /// never be used because the allocation must end at or below the inclusive end (§1.7).
+    pub fn range_end(&self) -> u64 {
+        self.vmalloc_end & !(self.page_size - 1)
+    }
+
+    fn check(&self) -> Result<(), ModelError> {
+        if !self.page_size.is_power_of_two() {
+            return Err(ModelError::BadParams(format!(
+                "page size {} is not a power of two",
+                self.page_size
+            )));
+        }
+        if self.vmalloc_start % self.page_size != 0 || self.range_end() <= self.vmalloc_start {
+            return Err(ModelError::BadParams(format!(
+                "VMALLOC range {:#x}..={:#x} is empty or not page aligned",
+                self.vmalloc_start, self.vmalloc_end
+            )));
+        }
+        if self.lazy_max_pages == 0 {
+            return Err(ModelError::BadParams("lazy_max_pages is 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Errors of the model's own API: calls that the state does not allow.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("bad parameters: {0}")]
+    BadParams(String),
+    #[error("bad request: size {size:#x} or alignment {align:#x} (size must be a non-zero multiple of the page size, alignment a power of two)")]
+    BadRequest { size: u64, align: u64 },
+    #[error("{addr:#x} (+{size:#x}) is not free in the model")]
+    NotFree { addr: u64, size: u64 },
+    #[error("{addr:#x} (+{size:#x}) overlaps a free block")]
+    Overlap { addr: u64, size: u64 },
+    #[error("{addr:#x} is not a busy area in the model")]
+    UnknownAddress { addr: u64 },
+    #[error("{addr:#x} (+{size:#x}) lies outside the modelled range")]
+    OutOfRange { addr: u64, size: u64 },
+}
+
+/// One `alloc_vmap_area` attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Bytes, guard included.
+    pub size: u64,
+    pub align: u64,
+    pub vstart: u64,
+    /// Inclusive, as the kernel passes it.
+    pub vend: u64,
+    /// CPU the attempt ran on: picks the node whose pools are tried.
+    pub cpu: u32,
+    /// A retry after a failed attempt and a purge: pools are not consulted again (§3).
+    pub retry: bool,
+    /// Whether the last page is an unmapped guard page (false for `vm_map_ram` and vmap blocks).
+    pub guard: bool,
+}
+
+/// Where an allocation came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "from", content = "fit")]
+pub enum Placement {
+    Pool,
+    FreeTree(FitType),
+}
+
+/// A successful allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    pub addr: u64,
+    pub placement: Placement,
+    /// Encoded node id stored in `va->flags` (`id + 1`, 0 = none).
+    pub tag: u32,
+    /// The pool head was misaligned and rotated before the fall-back.
+    pub rotated: bool,
+}
+
+/// A failed attempt, with the pool side effects that still happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocFailed {
+    pub reason: FitFailure,
+    pub rotated: bool,
+}
+
+/// Result of a lazy free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Freed {
+    /// `nr_lazy` as the trace event reports it: the backlog including this area, in pages.
+    pub nr_lazy: u64,
+    /// `nr_lazy > lazy_max_pages`: this free schedules the drain work.
+    pub drain: bool,
+    /// Node whose lazy tree took the area.
+    pub node: u32,
+    pub size: u64,
+}
+
+/// Result of one `__purge_vmap_area_lazy`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Purged {
+    /// `npurged` of the trace event: lazy objects purged, pooled ones included.
+    pub npurged: u32,
+    pub pages: u64,
+    /// Objects moved into pools.
+    pub pooled: u32,
+    /// Objects returned to the free tree (including decayed pool entries).
+    pub to_free_tree: u32,
+    /// Pool entries decayed back to the free tree.
+    pub decayed: u32,
+    pub helpers: u32,
+    pub nodes_with_work: u32,
+    /// Nodes into whose pools at least one area was put.
+    pub nodes_pooled: u32,
+    /// Union of the purged ranges (the flush range), if anything was lazy.
+    pub range: Option<(u64, u64)>,
+}
+
+/// A busy area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BusyArea {
+    pub size: u64,
+    pub tag: u32,
+    pub guard: bool,
+}
+
+/// Running counts of what the model did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ModelStats {
+    pub allocs: u64,
+    pub alloc_failures: u64,
+    pub pool_hits: u64,
+    /// Pool lookups that found a misaligned head and rotated it.
+    pub pool_rotations: u64,
+    pub fit_fl: u64,
+    pub fit_le: u64,
+    pub fit_re: u64,
+    /// NE splits: each consumes a per-CPU preload object.
+    pub fit_ne: u64,
+    pub frees: u64,
+    pub purges: u64,
+    pub drains_triggered: u64,
+}
+
+/// The allocator state.
+#[derive(Clone, Debug)]
+pub struct Model {
+    params: Params,
+    free: FreeSpace,
+    busy: BTreeMap<u64, BusyArea>,
+    lazy: LazyLists,
+    pools: Pools,
+    slots: PageTableSlots,
+    locks: LockCounts,
+    stats: ModelStats,
+    /// Scratch for pool decay, kept to avoid an allocation per purge.
+    scratch: Vec<(u64, u64)>,
+}
+
+impl Model {
+    /// An empty allocator: the whole VMALLOC range free.
+    pub fn new(params: Params) -> Result<Self, ModelError> {
+        params.check()?;
+        let nodes = params.layout.nr_nodes();
+        let pools = params.variant.has_pools();
+        let lazy_nodes = if pools { nodes } else { 1 };
+        let mut free = FreeSpace::new();
+        free.release(
+            params.vmalloc_start,
+            params.range_end() - params.vmalloc_start,
+        )?;
+        Ok(Self {
+            free,
+            busy: BTreeMap::new(),
+            lazy: LazyLists::new(lazy_nodes, !pools),
+            pools: Pools::new(if pools { nodes } else { 0 }, params.page_size),
+            slots: PageTableSlots::new(),
+            locks: LockCounts::new(lazy_nodes as usize, pools),
+            stats: ModelStats::default(),
+            scratch: Vec::new(),
+            params,
+        })
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+    pub fn free_space(&self) -> &FreeSpace {
+        &self.free
+    }
+    pub fn busy(&self) -> &BTreeMap<u64, BusyArea> {
+        &self.busy
+    }
+    pub fn lazy(&self) -> &LazyLists {
+        &self.lazy
+    }
+    pub fn pools(&self) -> &Pools {
+        &self.pools
+    }
+    pub fn slots(&self) -> &PageTableSlots {
+        &self.slots
+    }
+    pub fn locks(&self) -> &LockCounts {
+        &self.locks
+    }
+    pub fn stats(&self) -> &ModelStats {
+        &self.stats
+    }
+    /// `vmap_lazy_nr`, in pages.
+    pub fn lazy_pages(&self) -> u64 {
+        self.lazy.pages()
+    }
+
+    fn pages(&self, size: u64) -> u64 {
+        size / self.params.page_size
+    }
+
+    /// Busy (and global-variant lazy) trees collapse to one lock in the `global` variant.
+    #[inline]
+    fn busy_node(&self, addr: u64) -> u32 {
+        if self.params.variant.has_pools() {
+            self.params.layout.addr_to_node(addr)
+        } else {
+            0
+        }
+    }
+
+    /// Whether a request may use the pools: the exact VMALLOC window and more than one node.
+    #[inline]
+    pub fn pool_eligible(&self, req: &AllocRequest) -> bool {
+        self.params.variant.has_pools()
+            && self.params.layout.nr_nodes() > 1
+            && req.vstart == self.params.vmalloc_start
+            && req.vend == self.params.vmalloc_end
+    }
+
+    fn validate(&self, req: &AllocRequest) -> Result<(), ModelError> {
+        if req.size == 0 || req.size % self.params.page_size != 0 || !req.align.is_power_of_two() {
+            return Err(ModelError::BadRequest {
+                size: req.size,
+                align: req.align,
+            });
+        }
+        Ok(())
+    }
+
+    /// `alloc_vmap_area` for one attempt: the pool head of the CPU's node, else the lowest fit.
+    ///
+    /// The outer `Err` is a request the kernel would refuse before trying (`-EINVAL`); the inner
+    /// one is an attempt that failed, as a trace's `failed=1` event.
+    pub fn alloc(
+        &mut self,
+        req: &AllocRequest,
+    ) -> Result<Result<Allocated, AllocFailed>, ModelError> {
+        self.validate(req)?;
+        let eligible = self.pool_eligible(req);
+        let node = self.params.layout.cpu_to_node(req.cpu);
+        let tag = if eligible { node + 1 } else { 0 };
+        let mut rotated = false;
+        let mut placement = None;
+        if eligible && !req.retry {
+            match self.pools.take_head(node, req.size, req.align) {
+                PoolLookup::Empty => {}
+                PoolLookup::Hit(addr) => {
+                    LockCounts::bump(&mut self.locks.pool, node);
+                    placement = Some((addr, Placement::Pool));
+                }
+                PoolLookup::Rotated => {
+                    LockCounts::bump(&mut self.locks.pool, node);
+                    rotated = true;
+                    self.stats.pool_rotations += 1;
+                }
+            }
+        }
+        let (addr, placement) = match placement {
+            Some(p) => {
+                self.stats.pool_hits += 1;
+                p
+            }
+            None => {
+                self.locks.free_vmap_area_lock += 1;
+                match self.free.alloc(req.size, req.align, req.vstart, req.vend) {
+                    Ok((addr, fit)) => {
+                        self.count_fit(fit);
+                        (addr, Placement::FreeTree(fit))
+                    }
+                    Err(reason) => {
+                        self.stats.alloc_failures += 1;
+                        return Ok(Err(AllocFailed { reason, rotated }));
+                    }
+                }
+            }
+        };
+        self.insert_busy(addr, req, tag);
+        Ok(Ok(Allocated {
+            addr,
+            placement,
+            tag,
+            rotated,
+        }))
+    }
+
+    fn count_fit(&mut self, fit: FitType) {
+        match fit {
+            FitType::Fl => self.stats.fit_fl += 1,
+            FitType::Le => self.stats.fit_le += 1,
+            FitType::Re => self.stats.fit_re += 1,
+            FitType::Ne => self.stats.fit_ne += 1,
+        }
+    }
+
+    fn insert_busy(&mut self, addr: u64, req: &AllocRequest, tag: u32) {
+        self.stats.allocs += 1;
+        self.busy.insert(
+            addr,
+            BusyArea {
+                size: req.size,
+                tag,
+                guard: req.guard,
+            },
+        );
+        let bn = self.busy_node(addr);
+        LockCounts::bump(&mut self.locks.busy, bn);
+        let mapped_end = addr + req.size - if req.guard { self.params.page_size } else { 0 };
+        let new_tables = self.slots.map(addr, mapped_end);
+        self.locks.page_table_lock += u64::from(new_tables);
+    }
+
+    /// Undoes an allocation this model just made (replay: the kernel chose another address).
+    /// The area goes back where it came from: the pool head, or merged into the free tree. The
+    /// page-table slots it touched stay marked, as in the kernel where tables are never freed.
+    pub fn undo_alloc(&mut self, a: &Allocated) -> Result<(), ModelError> {
+        let area = self
+            .busy
+            .remove(&a.addr)
+            .ok_or(ModelError::UnknownAddress { addr: a.addr })?;
+        self.stats.allocs -= 1;
+        match a.placement {
+            Placement::Pool => {
+                let node = a.tag.saturating_sub(1);
+                self.pools.push_front_restore(node, a.addr, area.size);
+                self.stats.pool_hits -= 1;
+            }
+            Placement::FreeTree(_) => self.free.release(a.addr, area.size)?,
+        }
+        Ok(())
+    }
+
+    /// Places an area exactly at `addr` (replay: what the kernel did), taking it from a pool
+    /// (any node's, any position) or from the free tree.
+    pub fn claim(&mut self, req: &AllocRequest, addr: u64) -> Result<Placement, ModelError> {
+        self.validate(req)?;
+        let eligible = self.pool_eligible(req);
+        let node = self.params.layout.cpu_to_node(req.cpu);
+        let tag = if eligible { node + 1 } else { 0 };
+        let placement = if self.pools.remove(addr, req.size, node).is_some() {
+            Placement::Pool
+        } else {
+            if addr < self.params.vmalloc_start
+                || addr.saturating_add(req.size) > self.params.range_end()
+            {
+                return Err(ModelError::OutOfRange {
+                    addr,
+                    size: req.size,
+                });
+            }
+            Placement::FreeTree(self.free.claim(addr, req.size)?)
+        };
+        self.insert_busy(addr, req, tag);
+        Ok(placement)
+    }
+
+    /// Seeds a busy area from a snapshot. `tag` is the encoded node, usually unknown (0).
+    pub fn seed_busy(
+        &mut self,
+        addr: u64,
+        size: u64,
+        tag: u32,
+        guard: bool,
+    ) -> Result<(), ModelError> {
+        let req = AllocRequest {
+            size,
+            align: 1,
+            vstart: self.params.vmalloc_start,
+            vend: self.params.vmalloc_end,
+            cpu: 0,
+            retry: true,
+            guard,
+        };
+        self.validate(&req)?;
+        self.check_range(addr, size)?;
+        self.free.claim(addr, size)?;
+        self.insert_busy(addr, &req, tag);
+        self.stats.allocs -= 1;
+        Ok(())
+    }
+
+    /// Seeds a lazily freed (`unpurged`) area from a snapshot.
+    pub fn seed_lazy(&mut self, addr: u64, size: u64, tag: u32) -> Result<(), ModelError> {
+        if size == 0 || size % self.params.page_size != 0 {
+            return Err(ModelError::BadRequest { size, align: 1 });
+        }
+        self.check_range(addr, size)?;
+        self.free.claim(addr, size)?;
+        let node = self.lazy_node(addr, tag);
+        self.lazy
+            .insert(node, addr, LazyArea { size, tag }, self.params.page_size);
+        Ok(())
+    }
+
+    fn check_range(&self, addr: u64, size: u64) -> Result<(), ModelError> {
+        if addr < self.params.vmalloc_start || addr.saturating_add(size) > self.params.range_end() {
+            return Err(ModelError::OutOfRange { addr, size });
+        }
+        Ok(())
+    }
+
+    /// The lazy tree an area goes to: its tagged node if valid, else `addr_to_node` (§2.3).
+    fn lazy_node(&self, addr: u64, tag: u32) -> u32 {
+        if !self.params.variant.has_pools() {
+            return 0;
+        }
+        let n = self.params.layout.nr_nodes();
+        if tag >= 1 && tag <= n {
+            tag - 1
+        } else {
+            self.params.layout.addr_to_node(addr)
+        }
+    }
+
+    /// `vfree` → `free_vmap_area_noflush`: busy → the lazy tree, backlog grows.
+    pub fn free(&mut self, addr: u64) -> Result<Freed, ModelError> {
+        let area = self
+            .busy
+            .remove(&addr)
+            .ok_or(ModelError::UnknownAddress { addr })?;
+        let bn = self.busy_node(addr);
+        for _ in 0..self.params.layout.lookup_locks(addr) {
+            LockCounts::bump(&mut self.locks.busy, bn);
+        }
+        let node = self.lazy_node(addr, area.tag);
+        LockCounts::bump(&mut self.locks.lazy, node);
+        let nr_lazy = self.lazy.insert(
+            node,
+            addr,
+            LazyArea {
+                size: area.size,
+                tag: area.tag,
+            },
+            self.params.page_size,
+        );
+        self.stats.frees += 1;
+        let drain = nr_lazy > self.params.lazy_max_pages;
+        if drain {
+            self.stats.drains_triggered += 1;
+        }
+        Ok(Freed {
+            nr_lazy,
+            drain,
+            node,
+            size: area.size,
+        })
+    }
+
+    /// `__purge_vmap_area_lazy(ULONG_MAX, 0, full)`: decay every node's pools, detach every
+    /// lazy tree, then pool (unless `full`) or return each area. `full` is the allocation-failure
+    /// path (`reclaim_and_purge_vmap_areas`); the drain work and `vm_unmap_aliases` use `false`.
+    pub fn purge(&mut self, full: bool) -> Purged {
+        let mut out = Purged::default();
+        self.stats.purges += 1;
+        self.locks.vmap_purge_lock += 1;
+        let lazy_nodes = self.lazy.nodes();
+        // Step 1: decay, per node, before the detach.
+        if self.params.variant.has_pools() {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            for node in 0..self.params.layout.nr_nodes() {
+                scratch.clear();
+                let non_empty = self.pools.decay(node, full, &mut scratch);
+                for _ in 0..2 * non_empty {
+                    LockCounts::bump(&mut self.locks.pool, node);
+                }
+                if !scratch.is_empty() {
+                    self.locks.free_vmap_area_lock += 1;
+                }
+                for &(a, s) in &scratch {
+                    // The area was pooled, so it cannot overlap a free block; if the state were
+                    // corrupt the overlap is caught by the invariant checks, not here.
+                    let _ = self.free.release(a, s);
+                }
+                out.decayed += scratch.len() as u32;
+            }
+            self.scratch = scratch;
+        }
+        // Detach every lazy tree.
+        let mut detached = Vec::with_capacity(lazy_nodes as usize);
+        for node in 0..lazy_nodes {
+            let tree = self.lazy.detach(node);
+            LockCounts::bump(&mut self.locks.lazy, node);
+            if let (Some((&first, _)), Some((&last, la))) =
+                (tree.first_key_value(), tree.last_key_value())
+            {
+                let end = last + la.size;
+                out.range = Some(match out.range {
+                    None => (first, end),
+                    Some((s, e)) => (s.min(first), e.max(end)),
+                });
+                detached.push((node, tree));
+            }
+        }
+        out.nodes_with_work = detached.len() as u32;
+        out.helpers = purge_helpers(
+            self.lazy.pages(),
+            self.params.lazy_max_pages,
+            out.nodes_with_work,
+        );
+        for (node, tree) in detached {
+            let mut node_pages = 0;
+            let mut pooled_here = 0;
+            let mut returned = 0;
+            for (addr, area) in tree {
+                node_pages += self.pages(area.size);
+                out.npurged += 1;
+                if self.try_pool(node, addr, area, full) {
+                    pooled_here += 1;
+                } else {
+                    let _ = self.free.release(addr, area.size);
+                    returned += 1;
+                }
+            }
+            self.lazy.subtract(node_pages);
+            out.pages += node_pages;
+            out.pooled += pooled_here;
+            out.to_free_tree += returned;
+            if pooled_here > 0 {
+                out.nodes_pooled += 1;
+            }
+            if returned > 0 {
+                self.locks.free_vmap_area_lock += 1;
+            }
+        }
+        out.to_free_tree += out.decayed;
+        out
+    }
+
+    /// `node_pool_add_va` as called from `purge_vmap_node`.
+    fn try_pool(&mut self, node: u32, addr: u64, area: LazyArea, full: bool) -> bool {
+        if full || !self.params.variant.has_pools() {
+            return false;
+        }
+        let n = self.params.layout.nr_nodes();
+        if area.tag == 0 || area.tag > n {
+            return false;
+        }
+        if self.params.variant == Variant::NodesCapped
+            && self.pools.len(node, area.size) as u64 > self.params.lazy_max_pages
+        {
+            return false;
+        }
+        if self.pools.push_head(node, addr, area.size) {
+            LockCounts::bump(&mut self.locks.pool, node);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Checks the model's invariants: nothing overlaps, free + busy + lazy + pooled cover the
+    /// range exactly, the lazy counter equals the lazy pages, and every mapped page lies in a
+    /// counted page-table slot. Returns the first violation found.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut spans: Vec<(u64, u64, &'static str)> = Vec::new();
+        spans.extend(self.free.iter().map(|(s, e)| (s, e, "free")));
+        spans.extend(self.busy.iter().map(|(&s, a)| (s, s + a.size, "busy")));
+        let mut lazy_pages = 0;
+        for (_, s, a) in self.lazy.iter() {
+            lazy_pages += self.pages(a.size);
+            spans.push((s, s + a.size, "lazy"));
+        }
+        spans.extend(self.pools.iter().map(|(_, s, z)| (s, s + z, "pooled")));
+        spans.sort_unstable();
+        let mut at = self.params.vmalloc_start;
+        for &(s, e, what) in &spans {
+            if s != at {
+                return Err(if s < at {
+                    format!("{what} {s:#x}..{e:#x} overlaps the span ending at {at:#x}")
+                } else {
+                    format!("{at:#x}..{s:#x} is neither free, busy, lazy nor pooled")
+                });
+            }
+            at = e;
+        }
+        if at != self.params.range_end() {
+            return Err(format!(
+                "coverage ends at {at:#x}, not at {:#x}",
+                self.params.range_end()
+            ));
+        }
+        if lazy_pages != self.lazy.pages() {
+            return Err(format!(
+                "lazy counter {} != {} lazy pages",
+                self.lazy.pages(),
+                lazy_pages
+            ));
+        }
+        for (&s, a) in &self.busy {
+            let mapped = a.size - if a.guard { self.params.page_size } else { 0 };
+            let mut p = s;
+            while p < s + mapped {
+                if !self.slots.covers(p) {
+                    return Err(format!("mapped page {p:#x} lies in no counted slot"));
+                }
+                p += self.params.page_size;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pools {
+    /// Puts back an area taken from the head a moment ago (undo of a predicted pool hit).
+    fn push_front_restore(&mut self, node: u32, addr: u64, size: u64) {
+        self.push_head(node, addr, size);
+    }
+}
+
+#[cfg(test)]
+mod tests;

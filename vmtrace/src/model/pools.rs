@@ -1,0 +1,186 @@
+//! Size-segregated pools per node (spec §3): `vn->pool[256]`, LIFO lists of whole areas.
+
+use std::collections::VecDeque;
+
+/// `MAX_VA_SIZE_PAGES`: pools hold areas of 1 to 256 pages, guard included.
+pub const MAX_VA_SIZE_PAGES: u64 = 256;
+
+/// What `node_pool_del_va` did with the head of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolLookup {
+    /// The pool was empty (checked without the lock; nothing locked).
+    Empty,
+    /// The head was aligned and was taken.
+    Hit(u64),
+    /// The head was misaligned and moved to the tail: a miss that took the pool lock.
+    Rotated,
+}
+
+/// `size_to_va_pool`: the pool index for an area of `size` bytes, if it is small enough.
+#[inline]
+pub fn pool_index(size: u64, page_size: u64) -> Option<usize> {
+    if size == 0 || page_size == 0 {
+        return None;
+    }
+    let idx = (size - 1) / page_size;
+    (idx < MAX_VA_SIZE_PAGES).then_some(idx as usize)
+}
+
+#[derive(Clone, Debug)]
+pub struct Pools {
+    /// `node * 256 + index` -> area starts, head first. Each pool's areas all have the pool's size.
+    lists: Vec<VecDeque<u64>>,
+    page_size: u64,
+    objects: u64,
+}
+
+impl Pools {
+    pub fn new(nodes: u32, page_size: u64) -> Self {
+        Self {
+            lists: vec![VecDeque::new(); nodes as usize * MAX_VA_SIZE_PAGES as usize],
+            page_size,
+            objects: 0,
+        }
+    }
+
+    #[inline]
+    fn slot(&self, node: u32, size: u64) -> Option<usize> {
+        let idx = pool_index(size, self.page_size)?;
+        let i = node as usize * MAX_VA_SIZE_PAGES as usize + idx;
+        (i < self.lists.len()).then_some(i)
+    }
+
+    /// Total pooled objects over every node (what the shrinker counts).
+    pub fn objects(&self) -> u64 {
+        self.objects
+    }
+
+    /// `vp->len` of `node`'s pool for `size`.
+    pub fn len(&self, node: u32, size: u64) -> usize {
+        self.slot(node, size).map_or(0, |i| self.lists[i].len())
+    }
+
+    /// The head of `node`'s pool for `size`.
+    pub fn head(&self, node: u32, size: u64) -> Option<u64> {
+        self.slot(node, size)
+            .and_then(|i| self.lists[i].front().copied())
+    }
+
+    /// `node_pool_del_va`: looks only at the head; takes it if aligned, else rotates it.
+    pub fn take_head(&mut self, node: u32, size: u64, align: u64) -> PoolLookup {
+        let Some(i) = self.slot(node, size) else {
+            return PoolLookup::Empty;
+        };
+        let list = &mut self.lists[i];
+        let Some(&head) = list.front() else {
+            return PoolLookup::Empty;
+        };
+        if align <= 1 || head % align == 0 {
+            list.pop_front();
+            self.objects -= 1;
+            PoolLookup::Hit(head)
+        } else {
+            list.rotate_left(1);
+            PoolLookup::Rotated
+        }
+    }
+
+    /// `node_pool_add_va`: pushes on the head. False when `size` has no pool.
+    pub fn push_head(&mut self, node: u32, addr: u64, size: u64) -> bool {
+        match self.slot(node, size) {
+            Some(i) => {
+                self.lists[i].push_front(addr);
+                self.objects += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes `addr` wherever it is pooled (replay resynchronisation); returns its node.
+    pub fn remove(&mut self, addr: u64, size: u64, prefer_node: u32) -> Option<u32> {
+        let idx = pool_index(size, self.page_size)?;
+        let nodes = (self.lists.len() / MAX_VA_SIZE_PAGES as usize) as u32;
+        let order = std::iter::once(prefer_node).chain((0..nodes).filter(|&n| n != prefer_node));
+        for node in order {
+            let i = node as usize * MAX_VA_SIZE_PAGES as usize + idx;
+            let Some(list) = self.lists.get_mut(i) else {
+                continue;
+            };
+            if let Some(pos) = list.iter().position(|&a| a == addr) {
+                list.remove(pos);
+                self.objects -= 1;
+                return Some(node);
+            }
+        }
+        None
+    }
+
+    /// `decay_va_pool_node`: takes `len >> 2` areas (all with `full`) from the head of each of
+    /// `node`'s non-empty pools and appends `(start, size)` to `out`. Returns how many pools
+    /// were non-empty (each costs two `pool_lock` sections).
+    pub fn decay(&mut self, node: u32, full: bool, out: &mut Vec<(u64, u64)>) -> u32 {
+        let base = node as usize * MAX_VA_SIZE_PAGES as usize;
+        let mut non_empty = 0;
+        for idx in 0..MAX_VA_SIZE_PAGES as usize {
+            let Some(list) = self.lists.get_mut(base + idx) else {
+                break;
+            };
+            if list.is_empty() {
+                continue;
+            }
+            non_empty += 1;
+            let n = decay_count(list.len(), full);
+            let size = (idx as u64 + 1) * self.page_size;
+            out.extend(list.drain(..n).map(|a| (a, size)));
+            self.objects -= n as u64;
+        }
+        non_empty
+    }
+
+    /// Every pooled area as `(node, start, size)`.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
+        let per = MAX_VA_SIZE_PAGES as usize;
+        self.lists.iter().enumerate().flat_map(move |(i, l)| {
+            let node = (i / per) as u32;
+            let size = ((i % per) as u64 + 1) * self.page_size;
+            l.iter().map(move |&a| (node, a, size))
+        })
+    }
+}
+
+/// Areas a decay takes from a pool of `len`: 25 % rounded down, so pools of 1–3 keep
+/// everything, or all of them on the allocation-failure path.
+#[inline]
+pub fn decay_count(len: usize, full: bool) -> usize {
+    if full {
+        len
+    } else {
+        len >> 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_only_and_rotation() {
+        let mut p = Pools::new(2, 4096);
+        assert_eq!(pool_index(4096, 4096), Some(0));
+        assert_eq!(pool_index(256 * 4096, 4096), Some(255));
+        assert_eq!(pool_index(257 * 4096, 4096), None);
+        p.push_head(1, 0x10000, 8192);
+        p.push_head(1, 0x13000, 8192);
+        // Head 0x13000 is not 16 KiB aligned: rotated to the tail.
+        assert_eq!(p.take_head(1, 8192, 0x4000), PoolLookup::Rotated);
+        assert_eq!(p.head(1, 8192), Some(0x10000));
+        assert_eq!(p.take_head(1, 8192, 0x4000), PoolLookup::Hit(0x10000));
+        assert_eq!(p.take_head(0, 8192, 1), PoolLookup::Empty);
+        assert_eq!(p.objects(), 1);
+        assert_eq!(decay_count(3, false), 0);
+        assert_eq!(decay_count(7, false), 1);
+        assert_eq!(decay_count(8, false), 2);
+        assert_eq!(decay_count(3, true), 3);
+    }
+}
