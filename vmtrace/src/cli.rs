@@ -32,6 +32,18 @@ pub enum Command {
     Stress(crate::workload::StressArgs),
     /// Summarise a recorded trace: event counts, sizes, lazy backlog, purges, lost events.
     Summary(SummaryArgs),
+    /// Replay a trace through the allocator model and report how well it predicts the kernel.
+    ///
+    /// The model is seeded from the trace's vmallocinfo snapshot, then every allocation, lazy
+    /// free and purge after it is replayed in observed timing: purges happen where the trace shows
+    /// them. Each successful allocation's predicted address is compared with the kernel's, each
+    /// free's lazy backlog (nr_lazy) and each purge's object count (npurged). Agreement is given
+    /// overall and after warm-up, with the first divergences and the model state around them.
+    /// See docs/model.md for what the model does and does not know.
+    Replay(ReplayArgs),
+    /// Show how each probe attaches on this kernel: the chosen rung of the strategy ladder
+    /// (fentry, kprobe, tracepoint) and why each richer rung was refused. Needs root.
+    Probes(ProbesArgs),
     /// Snapshot, show, diff and watch /proc/allocinfo (memory allocation profiling).
     #[command(subcommand)]
     Allocinfo(crate::allocinfo::cli::AllocinfoCommand),
@@ -60,9 +72,59 @@ pub struct RecordArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// How often to sample /proc/meminfo PageTables and VmallocUsed into the trace; `0` turns
+    /// sampling off.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub meminfo_interval: Option<Duration>,
+
     /// Command to run while recording, like `perf record -- cmd`. Recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Trace file recorded by `vmtrace record` (`-` for stdin).
+    pub trace: PathBuf,
+
+    /// Allocator design to replay with: `nodes` (the current kernel, default), `nodes-capped`
+    /// (pool length capped at lazy_max_pages, the Feb 2024 proposal) or `global` (v6.2–v6.8: one
+    /// lock, merging lazy tree, no pools). Repeat to compare several.
+    #[arg(long = "variant", value_name = "V", value_parser = parse_variant)]
+    pub variants: Vec<crate::model::Variant>,
+
+    /// Print the reports as JSON (an array, one object per variant).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Fail on the first warning (free of an unknown address, timestamps going backwards, bad
+    /// request) instead of counting it.
+    #[arg(long)]
+    pub strict: bool,
+
+    /// What-if: number of vmap nodes instead of the trace header's (the zone size follows the
+    /// kernel's rule: 16 pages, or 1 byte for a single node).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub nodes: Option<u32>,
+
+    /// What-if: lazy_max_pages (drain threshold, in pages) instead of the trace header's.
+    #[arg(long, value_name = "PAGES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub lazy_max: Option<u64>,
+
+    /// How many divergences to list with their context.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub divergences: usize,
+}
+
+fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {
+    s.parse()
+}
+
+#[derive(Debug, Args)]
+pub struct ProbesArgs {
+    /// Print the table as JSON (the trace header's `probes` array).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

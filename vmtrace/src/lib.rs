@@ -8,6 +8,7 @@ pub mod host;
 pub mod model;
 pub mod probe;
 pub mod record;
+pub mod replay;
 pub mod summary;
 pub mod trace;
 pub mod workload;

@@ -10,6 +10,8 @@ fn main() -> std::process::ExitCode {
         Command::Record(args) => vmtrace::record::run(args),
         Command::Stress(args) => vmtrace::workload::run(args),
         Command::Summary(args) => vmtrace::summary::run(args),
+        Command::Probes(args) => vmtrace::probe::table::run(args),
+        Command::Replay(args) => vmtrace::replay::cli::run(args),
         Command::Allocinfo(cmd) => vmtrace::allocinfo::cli::run(cmd),
     };
     match result {

@@ -53,8 +53,22 @@ impl Variant {
         }
     }
 
+    /// Every variant, in the order the CLI lists them.
+    pub const ALL: [Variant; 3] = [Variant::Nodes, Variant::NodesCapped, Variant::Global];
+
     fn has_pools(self) -> bool {
         !matches!(self, Variant::Global)
+    }
+}
+
+impl std::str::FromStr for Variant {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Variant::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown variant `{s}`: expected nodes, nodes-capped or global"))
     }
 }
 

@@ -1,0 +1,749 @@
+//! Replay a trace through the reference model and compare, event by event, what the model
+//! predicts with what the kernel did (observed-timing mode).
+//!
+//! The model is seeded from the trace's vmallocinfo snapshot (busy, `unpurged` and `vm_map_ram`
+//! areas). Then, for every event after the snapshot:
+//!
+//! - **alloc**: the model allocates; its address is compared with the observed one. When they
+//!   differ, the model's choice is undone and the observed placement is applied instead, so that
+//!   one divergence does not cascade: every prediction is a one-step prediction from a state that
+//!   agrees with the kernel as far as the trace can tell.
+//! - **free**: the model frees lazily; its backlog (`nr_lazy`) is compared with the event's.
+//! - **purge**: the model purges where the trace shows a purge; the object count is compared
+//!   with `npurged`.
+//!
+//! What seeding cannot know: the pool contents at trace start (pooled areas are neither busy nor
+//! lazy, so `/proc/vmallocinfo` does not list them; the model treats them as free), the node tag
+//! of areas already busy or lazy (the model assumes `addr_to_node`), and which areas carry a
+//! guard page. Agreement is therefore reported overall and after warm-up: after the first purge
+//! that put observed frees into the pools of every node.
+
+pub mod cli;
+mod report;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::BufRead;
+
+use serde::Serialize;
+
+use crate::model::{
+    AllocRequest, Allocated, Model, ModelError, NodeLayout, PageTableSlots, Params, Placement,
+    SlotCounts, Variant,
+};
+use crate::trace::{AreaKind, ReadError, Record, TraceReader};
+
+pub use report::render_text;
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    pub variant: Variant,
+    /// Turn warnings (unknown frees, timestamps going backwards, …) into errors.
+    pub strict: bool,
+    /// What-if override of the node count (the zone size follows the kernel's rule).
+    pub nodes: Option<u32>,
+    /// What-if override of `lazy_max_pages`.
+    pub lazy_max_pages: Option<u64>,
+    /// How many divergences to keep with their context.
+    pub max_divergences: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            variant: Variant::Nodes,
+            strict: false,
+            nodes: None,
+            lazy_max_pages: None,
+            max_divergences: 10,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("line {line}: expected the vmallocinfo snapshot as the second record, found {found}")]
+    NoSnapshot { line: usize, found: String },
+    #[error("line 2: the vmallocinfo snapshot has hashed addresses (recorded without root), so it cannot seed a replay")]
+    HashedSnapshot,
+    #[error("line 1: the header does not give the VMALLOC range (vmap.vmalloc_start/vmalloc_end are null); the model needs it")]
+    NoVmallocRange,
+    #[error("line 1: cannot build the model: {0}")]
+    Model(#[from] ModelError),
+    #[error("line {line}: {message} (--strict makes this fatal)")]
+    Strict { line: usize, message: String },
+}
+
+/// Predicted against observed, for one kind of comparison.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Agreement {
+    pub compared: u64,
+    pub agreed: u64,
+}
+
+impl Agreement {
+    fn add(&mut self, ok: bool) {
+        self.compared += 1;
+        self.agreed += u64::from(ok);
+    }
+
+    /// Share agreed in percent; 100 when nothing was compared.
+    pub fn percent(&self) -> f64 {
+        if self.compared == 0 {
+            100.0
+        } else {
+            100.0 * self.agreed as f64 / self.compared as f64
+        }
+    }
+}
+
+/// One purge, predicted against observed.
+#[derive(Clone, Debug, Serialize)]
+pub struct PurgeCheck {
+    pub line: usize,
+    pub ts_ns: u64,
+    pub observed_npurged: u32,
+    pub predicted_npurged: u32,
+    pub pages: u64,
+    pub pooled: u32,
+    pub decayed: u32,
+    pub helpers: u32,
+    pub full: bool,
+}
+
+/// A prediction that disagreed with the trace, with the model state around it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Divergence {
+    pub line: usize,
+    pub ts_ns: u64,
+    pub kind: &'static str,
+    pub class: &'static str,
+    pub cpu: u32,
+    pub size: u64,
+    pub align: u64,
+    pub observed: String,
+    pub predicted: String,
+    /// Model state just before the prediction.
+    pub context: String,
+}
+
+/// How the snapshot seeded the model.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SeedInfo {
+    pub busy: u64,
+    pub unpurged: u64,
+    pub vm_map_ram: u64,
+    /// Areas outside the VMALLOC range (modules, …), kept only to recognise their frees.
+    pub outside_range: u64,
+    /// Snapshot areas the model could not place (overlapping another one).
+    pub rejected: u64,
+    pub lazy_pages: u64,
+    /// Events before the snapshot read, already reflected in it.
+    pub events_before_snapshot: u64,
+    /// Events inside the read window found already reflected.
+    pub events_in_window_reflected: u64,
+    /// Observed `nr_lazy` minus predicted at the first compared free: how far the seeded
+    /// backlog was off (0 when the snapshot was exact).
+    pub first_free_nr_lazy_offset: Option<i64>,
+}
+
+/// The fidelity report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub variant: Variant,
+    pub nodes: u32,
+    pub zone_size: u64,
+    pub lazy_max_pages: u64,
+    pub vmalloc_start: String,
+    pub vmalloc_end: String,
+    pub seed: SeedInfo,
+    pub events: EventTally,
+    /// Successful allocations whose predicted address equals the observed one.
+    pub placement: Agreement,
+    pub placement_after_warmup: Agreement,
+    /// Line of the purge that ended warm-up, if any.
+    pub warmup_line: Option<usize>,
+    /// Failed attempts: whether the model also failed.
+    pub failures: Agreement,
+    pub nr_lazy: Agreement,
+    pub nr_lazy_after_warmup: Agreement,
+    pub npurged: Agreement,
+    pub purges: Vec<PurgeCheck>,
+    /// Divergences by class (placement and counters).
+    pub divergence_classes: BTreeMap<&'static str, u64>,
+    pub first_divergences: Vec<Divergence>,
+    pub observed_high_water: String,
+    pub predicted_high_water: String,
+    pub observed_slots: SlotCounts,
+    pub predicted_slots: SlotCounts,
+    pub warnings: BTreeMap<&'static str, u64>,
+    pub first_warnings: Vec<String>,
+    pub model: crate::model::ModelStats,
+    pub locks: crate::model::LockCounts,
+    /// Purges applied before their event because the trace showed their effect first.
+    pub early_purges: u64,
+    pub pooled_objects_at_end: u64,
+    pub lazy_pages_at_end: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EventTally {
+    pub alloc: u64,
+    pub alloc_failed: u64,
+    pub free: u64,
+    pub purge: u64,
+    /// Allocations with a window other than VMALLOC that the model does not manage.
+    pub alloc_out_of_model: u64,
+    pub free_out_of_model: u64,
+    pub lines: usize,
+}
+
+/// Replays a whole trace.
+pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, ReplayError> {
+    let mut reader = TraceReader::new(input);
+    let header = reader.read_header()?;
+    let snapshot = match reader.next() {
+        Some(Ok(Record::Vmallocinfo(s))) => s,
+        Some(Ok(other)) => {
+            return Err(ReplayError::NoSnapshot {
+                line: reader.line(),
+                found: format!("a {} record", crate::trace::reader::kind_name(&other)),
+            })
+        }
+        Some(Err(e)) => return Err(e.into()),
+        None => {
+            return Err(ReplayError::NoSnapshot {
+                line: reader.line() + 1,
+                found: "the end of the file".into(),
+            })
+        }
+    };
+    if !snapshot.real_addresses {
+        return Err(ReplayError::HashedSnapshot);
+    }
+    let (Some(vstart), Some(vend)) = (header.vmap.vmalloc_start, header.vmap.vmalloc_end) else {
+        return Err(ReplayError::NoVmallocRange);
+    };
+    let page_size = header.system.page_size;
+    let layout = match opts.nodes {
+        Some(n) => NodeLayout::from_cpus(n, page_size),
+        None => NodeLayout::new(header.vmap.nr_vmap_nodes, header.vmap.zone_size),
+    };
+    let lazy_max = opts.lazy_max_pages.unwrap_or(
+        header
+            .vmap
+            .lazy_max_pages_tracepoint
+            .unwrap_or(header.vmap.lazy_max_pages_computed),
+    );
+    let params = Params {
+        page_size,
+        layout,
+        lazy_max_pages: lazy_max,
+        vmalloc_start: vstart.0,
+        vmalloc_end: vend.0,
+        // The VMALLOC base tells the paging mode (§1.7): 5-level bases are far below 4-level's.
+        five_level: vstart.0 < 0xff00_0000_0000_0000,
+        variant: opts.variant,
+    };
+    let mut r = Replayer::new(Model::new(params)?, opts);
+    r.seed(&snapshot);
+    while let Some(rec) = reader.next() {
+        let rec = rec?;
+        r.line = reader.line();
+        r.event(rec)?;
+    }
+    r.tally.lines = reader.line();
+    Ok(r.finish())
+}
+
+struct Replayer<'o> {
+    model: Model,
+    opts: &'o ReplayOptions,
+    line: usize,
+    snapshot_start: u64,
+    snapshot_end: u64,
+    last_ts: u64,
+    warmed_up: bool,
+    warmup_line: Option<usize>,
+    /// A failed attempt was seen: the next purge is the full one of the failure path, and the
+    /// next attempt of the same task and size is a retry that skips the pools.
+    pending_failure: Option<(u32, u64)>,
+    /// A free pushed the backlog over the threshold and no purge event has come yet.
+    drain_pending: bool,
+    /// The purge the pending drain will report was already applied, because the trace showed
+    /// its effect before its event (an allocation of a purged area, a backlog that dropped).
+    early: Option<crate::model::Purged>,
+    early_purges: u64,
+    /// Areas the model does not manage (other windows, conflicting placements): start → size.
+    outside: HashMap<u64, u64>,
+    obs_slots: PageTableSlots,
+    pred_slots: PageTableSlots,
+    obs_high: u64,
+    pred_high: u64,
+    seed: SeedInfo,
+    tally: EventTally,
+    placement: Agreement,
+    placement_warm: Agreement,
+    failures: Agreement,
+    nr_lazy: Agreement,
+    nr_lazy_warm: Agreement,
+    npurged: Agreement,
+    purges: Vec<PurgeCheck>,
+    classes: BTreeMap<&'static str, u64>,
+    divergences: Vec<Divergence>,
+    warnings: BTreeMap<&'static str, u64>,
+    first_warnings: Vec<String>,
+}
+
+impl<'o> Replayer<'o> {
+    fn new(model: Model, opts: &'o ReplayOptions) -> Self {
+        Self {
+            model,
+            opts,
+            line: 2,
+            snapshot_start: 0,
+            snapshot_end: 0,
+            last_ts: 0,
+            warmed_up: false,
+            warmup_line: None,
+            pending_failure: None,
+            drain_pending: false,
+            early: None,
+            early_purges: 0,
+            outside: HashMap::new(),
+            obs_slots: PageTableSlots::new(),
+            pred_slots: PageTableSlots::new(),
+            obs_high: 0,
+            pred_high: 0,
+            seed: SeedInfo::default(),
+            tally: EventTally::default(),
+            placement: Agreement::default(),
+            placement_warm: Agreement::default(),
+            failures: Agreement::default(),
+            nr_lazy: Agreement::default(),
+            nr_lazy_warm: Agreement::default(),
+            npurged: Agreement::default(),
+            purges: Vec::new(),
+            classes: BTreeMap::new(),
+            divergences: Vec::new(),
+            warnings: BTreeMap::new(),
+            first_warnings: Vec::new(),
+        }
+    }
+
+    fn warn(&mut self, kind: &'static str, message: String) -> Result<(), ReplayError> {
+        if self.opts.strict {
+            return Err(ReplayError::Strict {
+                line: self.line,
+                message,
+            });
+        }
+        *self.warnings.entry(kind).or_default() += 1;
+        if self.first_warnings.len() < 20 {
+            self.first_warnings
+                .push(format!("line {}: {message}", self.line));
+        }
+        Ok(())
+    }
+
+    fn seed(&mut self, snap: &crate::trace::VmallocSnapshot) {
+        self.snapshot_start = snap.ts_start_ns;
+        self.snapshot_end = snap.ts_end_ns;
+        let page = self.model.params().page_size;
+        for a in &snap.areas {
+            let (start, size) = (a.start.0, a.size);
+            let res = match a.kind {
+                AreaKind::Busy => {
+                    self.seed.busy += 1;
+                    self.model.seed_busy(start, size, 0, true)
+                }
+                AreaKind::VmMapRam => {
+                    self.seed.vm_map_ram += 1;
+                    self.model.seed_busy(start, size, 0, false)
+                }
+                AreaKind::Unpurged => {
+                    self.seed.unpurged += 1;
+                    self.model.seed_lazy(start, size, 0)
+                }
+            };
+            match res {
+                Ok(()) => {
+                    if a.kind != AreaKind::Unpurged {
+                        let guard = if a.kind == AreaKind::Busy { page } else { 0 };
+                        let end = start + size - guard.min(size);
+                        self.obs_slots.map(start, end);
+                        self.pred_slots.map(start, end);
+                        self.obs_high = self.obs_high.max(start + size);
+                        self.pred_high = self.pred_high.max(start + size);
+                    }
+                }
+                Err(ModelError::OutOfRange { .. }) => {
+                    self.seed.outside_range += 1;
+                    if a.kind != AreaKind::Unpurged {
+                        self.outside.insert(start, size);
+                    }
+                }
+                Err(_) => self.seed.rejected += 1,
+            }
+        }
+        self.seed.lazy_pages = self.model.lazy_pages();
+    }
+
+    fn event(&mut self, rec: Record) -> Result<(), ReplayError> {
+        let Some(ts) = rec.ts_ns() else {
+            return Ok(());
+        };
+        if ts < self.snapshot_start {
+            self.seed.events_before_snapshot += 1;
+            return Ok(());
+        }
+        if ts < self.last_ts {
+            self.warn(
+                "timestamp-backwards",
+                format!(
+                    "timestamp {ts} is earlier than the previous event's {}",
+                    self.last_ts
+                ),
+            )?;
+        }
+        self.last_ts = self.last_ts.max(ts);
+        let in_window = ts <= self.snapshot_end;
+        match rec {
+            Record::Alloc(a) => self.alloc(&a, in_window),
+            Record::Free(f) => self.free(&f, in_window),
+            Record::Purge(p) => self.purge(&p),
+            _ => Ok(()),
+        }
+    }
+
+    fn diverge(&mut self, d: Divergence) {
+        *self.classes.entry(d.class).or_default() += 1;
+        if self.divergences.len() < self.opts.max_divergences {
+            self.divergences.push(d);
+        }
+    }
+
+    fn context(&self, size: u64, cpu: u32) -> String {
+        let m = &self.model;
+        let node = m.params().layout.cpu_to_node(cpu);
+        let pool = m.pools().len(node, size);
+        let head = m
+            .pools()
+            .head(node, size)
+            .map_or("-".to_string(), |h| format!("{h:#x}"));
+        let lowest: Vec<String> = m
+            .free_space()
+            .iter()
+            .filter(|(s, e)| e - s >= size)
+            .take(3)
+            .map(|(s, e)| format!("{s:#x}+{:#x}", e - s))
+            .collect();
+        format!(
+            "node {node} pool[{} pages] len {pool} head {head}; lowest free blocks that fit: {}; lazy {} pages; busy {}",
+            size / m.params().page_size,
+            lowest.join(", "),
+            m.lazy_pages(),
+            m.busy().len()
+        )
+    }
+
+    fn alloc(&mut self, a: &crate::trace::Alloc, in_window: bool) -> Result<(), ReplayError> {
+        let p = self.model.params().clone();
+        let (addr, size) = (a.addr.0, a.size);
+        let guard = !(a.align == a.size && a.size > p.page_size);
+        let in_model = a.vstart.0 >= p.vmalloc_start && a.vend.0 <= p.vmalloc_end;
+        let retry = self.pending_failure == Some((a.ctx.pid, size));
+        if a.failed == 0 {
+            self.pending_failure = None;
+        }
+        let req = AllocRequest {
+            size,
+            align: a.align.max(1),
+            vstart: a.vstart.0,
+            vend: a.vend.0,
+            cpu: a.ctx.cpu,
+            retry,
+            guard,
+        };
+        if a.failed != 0 {
+            self.tally.alloc_failed += 1;
+            self.pending_failure = Some((a.ctx.pid, size));
+            if !in_model {
+                return Ok(());
+            }
+            let context = self.context(size, a.ctx.cpu);
+            match self.model.alloc(&req) {
+                Ok(Ok(got)) => {
+                    self.failures.add(false);
+                    let _ = self.model.undo_alloc(&got);
+                    self.diverge(Divergence {
+                        line: self.line,
+                        ts_ns: a.ctx.ts_ns,
+                        kind: "alloc",
+                        class: "kernel-failed-model-succeeded",
+                        cpu: a.ctx.cpu,
+                        size,
+                        align: a.align,
+                        observed: "failed".into(),
+                        predicted: format!("{:#x}", got.addr),
+                        context,
+                    });
+                }
+                Ok(Err(_)) => self.failures.add(true),
+                Err(e) => self.warn("bad-request", format!("alloc: {e}"))?,
+            }
+            return Ok(());
+        }
+        if !in_model {
+            self.tally.alloc_out_of_model += 1;
+            self.outside.insert(addr, size);
+            return Ok(());
+        }
+        if in_window && self.model.busy().get(&addr).is_some_and(|b| b.size == size) {
+            self.seed.events_in_window_reflected += 1;
+            return Ok(());
+        }
+        self.tally.alloc += 1;
+        if self.drain_pending && self.early.is_none() && self.lazy_overlaps(addr, size) {
+            self.purge_early();
+        }
+        let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
+        self.obs_slots.map(addr, mapped_end(addr));
+        self.obs_high = self.obs_high.max(addr + size);
+        let context = if self.divergences.len() < self.opts.max_divergences {
+            self.context(size, a.ctx.cpu)
+        } else {
+            String::new()
+        };
+        let predicted = match self.model.alloc(&req) {
+            Ok(r) => r,
+            Err(e) => {
+                self.warn("bad-request", format!("alloc: {e}"))?;
+                return Ok(());
+            }
+        };
+        let pred_addr: Option<Allocated> = predicted.ok();
+        if let Some(g) = &pred_addr {
+            self.pred_slots.map(g.addr, mapped_end(g.addr));
+            self.pred_high = self.pred_high.max(g.addr + size);
+        }
+        let ok = pred_addr.is_some_and(|g| g.addr == addr);
+        self.placement.add(ok);
+        if self.warmed_up {
+            self.placement_warm.add(ok);
+        }
+        if ok {
+            return Ok(());
+        }
+        if let Some(g) = &pred_addr {
+            let _ = self.model.undo_alloc(g);
+        }
+        let claimed = self.model.claim(&req, addr);
+        let class = match (&pred_addr, &claimed) {
+            (None, _) => "model-failed-kernel-succeeded",
+            (_, Err(_)) => "observed-not-free-in-model",
+            (Some(g), Ok(Placement::Pool)) if g.placement == Placement::Pool => {
+                "both-pool-different-area"
+            }
+            (Some(_), Ok(Placement::Pool)) => "kernel-pool-hit-model-free-tree",
+            (Some(g), Ok(_)) if g.placement == Placement::Pool => "model-pool-hit-kernel-free-tree",
+            (Some(g), Ok(_)) if addr < g.addr => "kernel-lower-than-model",
+            (Some(_), Ok(_)) => "kernel-higher-than-model",
+        };
+        if claimed.is_err() {
+            // Keep the area out of the model so that its free is recognised, not an error.
+            self.outside.insert(addr, size);
+        }
+        self.diverge(Divergence {
+            line: self.line,
+            ts_ns: a.ctx.ts_ns,
+            kind: "alloc",
+            class,
+            cpu: a.ctx.cpu,
+            size,
+            align: a.align,
+            observed: format!("{addr:#x}"),
+            predicted: pred_addr.map_or("failure".into(), |g| format!("{:#x}", g.addr)),
+            context,
+        });
+        Ok(())
+    }
+
+    fn free(&mut self, f: &crate::trace::Free, in_window: bool) -> Result<(), ReplayError> {
+        let addr = f.va_start.0;
+        if self.outside.remove(&addr).is_some() {
+            self.tally.free_out_of_model += 1;
+            return Ok(());
+        }
+        if self.model.busy().get(&addr).is_none() {
+            if in_window && self.model.lazy().find(addr).is_some() {
+                self.seed.events_in_window_reflected += 1;
+                return Ok(());
+            }
+            return self.warn(
+                "free-unknown-address",
+                format!("free of {addr:#x}, which is not a busy area"),
+            );
+        }
+        self.tally.free += 1;
+        if self.drain_pending && self.early.is_none() {
+            // The backlog the kernel reports is below what it would be without a purge: the
+            // purge already subtracted its pages.
+            let own =
+                self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
+            if f.nr_lazy < self.model.lazy_pages() + own {
+                self.purge_early();
+            }
+        }
+        let got = match self.model.free(addr) {
+            Ok(g) => g,
+            Err(e) => return self.warn("free-unknown-address", e.to_string()),
+        };
+        if self.seed.first_free_nr_lazy_offset.is_none() {
+            self.seed.first_free_nr_lazy_offset = Some(f.nr_lazy as i64 - got.nr_lazy as i64);
+        }
+        if got.drain {
+            self.drain_pending = true;
+        }
+        let ok = got.nr_lazy == f.nr_lazy;
+        self.nr_lazy.add(ok);
+        if self.warmed_up {
+            self.nr_lazy_warm.add(ok);
+        }
+        if !ok {
+            let class = if f.nr_lazy < got.nr_lazy {
+                "nr-lazy-kernel-lower"
+            } else {
+                "nr-lazy-kernel-higher"
+            };
+            self.diverge(Divergence {
+                line: self.line,
+                ts_ns: f.ctx.ts_ns,
+                kind: "free",
+                class,
+                cpu: f.ctx.cpu,
+                size: got.size,
+                align: 0,
+                observed: f.nr_lazy.to_string(),
+                predicted: got.nr_lazy.to_string(),
+                context: format!(
+                    "lazy objects {}; purges so far {}",
+                    self.model.lazy().objects(),
+                    self.model.stats().purges
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn purge(&mut self, p: &crate::trace::Purge) -> Result<(), ReplayError> {
+        self.tally.purge += 1;
+        let full = self.pending_failure.is_some();
+        let lazy_before = self.model.lazy().objects();
+        self.drain_pending = false;
+        let got = match self.early.take() {
+            Some(early) if !full => early,
+            _ => self.model.purge(full),
+        };
+        let ok = got.npurged == p.npurged;
+        self.npurged.add(ok);
+        if !ok {
+            self.diverge(Divergence {
+                line: self.line,
+                ts_ns: p.ctx.ts_ns,
+                kind: "purge",
+                class: if p.npurged < got.npurged {
+                    "npurged-kernel-lower"
+                } else {
+                    "npurged-kernel-higher"
+                },
+                cpu: p.ctx.cpu,
+                size: 0,
+                align: 0,
+                observed: p.npurged.to_string(),
+                predicted: got.npurged.to_string(),
+                context: format!("lazy objects before {lazy_before}"),
+            });
+        }
+        self.purges.push(PurgeCheck {
+            line: self.line,
+            ts_ns: p.ctx.ts_ns,
+            observed_npurged: p.npurged,
+            predicted_npurged: got.npurged,
+            pages: got.pages,
+            pooled: got.pooled,
+            decayed: got.decayed,
+            helpers: got.helpers,
+            full,
+        });
+        let nodes = self.model.params().layout.nr_nodes();
+        let rebuilt = match self.model.params().variant {
+            Variant::Global => got.npurged > 0,
+            _ => got.nodes_pooled == nodes,
+        };
+        if !self.warmed_up && !full && rebuilt {
+            self.warmed_up = true;
+            self.warmup_line = Some(self.line);
+        }
+        Ok(())
+    }
+
+    /// Whether `[addr, addr+size)` overlaps an area the model still holds as lazy.
+    fn lazy_overlaps(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        if self
+            .model
+            .free_space()
+            .block_containing(addr)
+            .is_some_and(|(_, e)| end <= e)
+        {
+            return false;
+        }
+        self.model
+            .lazy()
+            .iter()
+            .any(|(_, s, a)| s < end && addr < s + a.size)
+    }
+
+    fn purge_early(&mut self) {
+        self.early = Some(self.model.purge(false));
+        self.early_purges += 1;
+    }
+
+    fn finish(self) -> Report {
+        let p = self.model.params();
+        Report {
+            variant: p.variant,
+            nodes: p.layout.nr_nodes(),
+            zone_size: p.layout.zone_size(),
+            lazy_max_pages: p.lazy_max_pages,
+            vmalloc_start: format!("{:#x}", p.vmalloc_start),
+            vmalloc_end: format!("{:#x}", p.vmalloc_end),
+            seed: self.seed,
+            events: self.tally,
+            placement: self.placement,
+            placement_after_warmup: self.placement_warm,
+            warmup_line: self.warmup_line,
+            failures: self.failures,
+            nr_lazy: self.nr_lazy,
+            nr_lazy_after_warmup: self.nr_lazy_warm,
+            npurged: self.npurged,
+            purges: self.purges,
+            divergence_classes: self.classes,
+            first_divergences: self.divergences,
+            observed_high_water: format!("{:#x}", self.obs_high),
+            predicted_high_water: format!("{:#x}", self.pred_high),
+            observed_slots: self.obs_slots.counts(),
+            predicted_slots: self.pred_slots.counts(),
+            warnings: self.warnings,
+            first_warnings: self.first_warnings,
+            model: self.model.stats().clone(),
+            locks: self.model.locks().clone(),
+            early_purges: self.early_purges,
+            pooled_objects_at_end: self.model.pools().objects(),
+            lazy_pages_at_end: self.model.lazy_pages(),
+        }
+    }
+}
