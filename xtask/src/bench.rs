@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Worker threads of the workload.
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
+    /// Repeat the four conditions this many times, interleaved, and compare medians: on a busy
+    /// machine one run of each is mostly noise.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
     /// Keep the vmtrace trace and perf.data in target/bench/ instead of deleting them (they can
     /// take hundreds of MB).
     #[arg(long)]
@@ -96,50 +100,55 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         c
     };
 
-    let mut outcomes = Vec::new();
+    let rounds = args.rounds.max(1);
+    let mut all_rounds: Vec<Vec<Outcome>> = Vec::new();
+    for round in 1..=rounds {
+        let mut outcomes = Vec::new();
 
-    banner("untraced");
-    outcomes.push(measure("untraced", stress(&vmtrace), |c| {
-        run_workload(c).map(|(r, _)| (r, None))
-    }));
+        banner(&format!("round {round}/{rounds}: untraced"));
+        outcomes.push(measure("untraced", stress(&vmtrace), |c| {
+            run_workload(c).map(|(r, _)| (r, None))
+        }));
 
-    banner("under vmtrace record");
-    let trace = dir.join("vmtrace-record.jsonl");
-    let mut record = Command::new(&vmtrace);
-    record.args(["record", "-o"]).arg(&trace);
-    outcomes.push(measure("vmtrace record", with_stress(record), |c| {
-        let (report, _) = run_workload(c)?;
-        let footer = last_line(&trace)
-            .ok()
-            .flatten()
-            .filter(|v| v["type"] == "footer");
-        Ok((report, Some(json!({ "footer": footer }))))
-    }));
-    if !args.keep {
-        let _ = fs::remove_file(&trace);
+        banner(&format!("round {round}/{rounds}: under vmtrace record"));
+        let trace = dir.join("vmtrace-record.jsonl");
+        let mut record = Command::new(&vmtrace);
+        record.args(["record", "-o"]).arg(&trace);
+        outcomes.push(measure("vmtrace record", with_stress(record), |c| {
+            let (report, _) = run_workload(c)?;
+            let footer = last_line(&trace)
+                .ok()
+                .flatten()
+                .filter(|v| v["type"] == "footer");
+            Ok((report, Some(json!({ "footer": footer }))))
+        }));
+        if !args.keep {
+            let _ = fs::remove_file(&trace);
+        }
+
+        banner(&format!("round {round}/{rounds}: under bpftrace"));
+        outcomes.push(measure("bpftrace", stress(&vmtrace), under_bpftrace));
+
+        banner(&format!("round {round}/{rounds}: under perf record"));
+        let perf_data = dir.join("perf.data");
+        let mut perf = Command::new("perf");
+        perf.args(["record", "-e", "vmalloc:*", "-a", "-o"])
+            .arg(&perf_data);
+        outcomes.push(measure("perf record", with_stress(perf), |c| {
+            let (report, stderr) = run_workload(c)?;
+            let bytes = fs::metadata(&perf_data).map(|m| m.len()).ok();
+            let samples = perf_samples(&stderr);
+            Ok((
+                report,
+                Some(json!({ "samples": samples, "perf_data_bytes": bytes })),
+            ))
+        }));
+        if !args.keep {
+            let _ = fs::remove_file(&perf_data);
+        }
+        all_rounds.push(outcomes);
     }
-
-    banner("under bpftrace");
-    outcomes.push(measure("bpftrace", stress(&vmtrace), under_bpftrace));
-
-    banner("under perf record");
-    let perf_data = dir.join("perf.data");
-    let mut perf = Command::new("perf");
-    perf.args(["record", "-e", "vmalloc:*", "-a", "-o"])
-        .arg(&perf_data);
-    outcomes.push(measure("perf record", with_stress(perf), |c| {
-        let (report, stderr) = run_workload(c)?;
-        let bytes = fs::metadata(&perf_data).map(|m| m.len()).ok();
-        let samples = perf_samples(&stderr);
-        Ok((
-            report,
-            Some(json!({ "samples": samples, "perf_data_bytes": bytes })),
-        ))
-    }));
-    if !args.keep {
-        let _ = fs::remove_file(&perf_data);
-    }
-
+    let mut outcomes = median_outcomes(all_rounds);
     let base = outcomes.first().and_then(|o| o.ops_per_sec);
     for o in &mut outcomes {
         o.ratio_to_untraced = match (o.ops_per_sec, base) {
@@ -156,6 +165,8 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).ok(),
         "cpus": thread::available_parallelism().map(usize::from).ok(),
         "unix_time": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).ok(),
+        "rounds": rounds,
+        "aggregation": "median ops/s per condition over the rounds; ratio = median / median untraced",
         "results": outcomes,
     });
     let text = serde_json::to_string_pretty(&report).context("cannot serialise the results")?;
@@ -172,6 +183,53 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     } else {
         bail!("could not measure: {}", failed.join(", "))
     }
+}
+
+/// Folds the rounds into one row per condition: the median ops/s, with every round's figure
+/// kept in `tracer.rounds_ops_per_sec` and all warnings and errors carried over.
+fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
+    let mut merged: Vec<Outcome> = Vec::new();
+    let mut per_condition: Vec<Vec<f64>> = Vec::new();
+    for round in rounds {
+        for (i, o) in round.into_iter().enumerate() {
+            if merged.len() <= i {
+                per_condition.push(Vec::new());
+                merged.push(Outcome {
+                    condition: o.condition,
+                    command: o.command.clone(),
+                    total_ops: None,
+                    ops_per_sec: None,
+                    ratio_to_untraced: None,
+                    tracer: None,
+                    warnings: Vec::new(),
+                    error: None,
+                });
+            }
+            if let Some(v) = o.ops_per_sec {
+                per_condition[i].push(v);
+            }
+            let m = &mut merged[i];
+            m.total_ops = match (m.total_ops, o.total_ops) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            m.tracer = o.tracer.or(m.tracer.take());
+            m.warnings.extend(o.warnings);
+            if o.error.is_some() {
+                m.error = o.error;
+            }
+        }
+    }
+    for (m, mut values) in merged.iter_mut().zip(per_condition) {
+        values.sort_by(f64::total_cmp);
+        m.ops_per_sec = values.get(values.len() / 2).copied();
+        let mut tracer = m.tracer.take().unwrap_or_else(|| json!({}));
+        tracer["rounds_ops_per_sec"] = json!(values);
+        m.tracer = Some(tracer);
+        m.warnings.sort();
+        m.warnings.dedup();
+    }
+    merged
 }
 
 /// Runs one condition and turns any failure into a row that says why, so one broken tracer
