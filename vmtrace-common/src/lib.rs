@@ -21,8 +21,131 @@ pub mod kind {
     pub const FREE: u32 = 2;
     /// `vmalloc:purge_vmap_area_lazy`.
     pub const PURGE: u32 = 3;
+    /// One lock wait on a vmap path (`lock:contention_begin` → `lock:contention_end`, or a
+    /// richer rung). Fields: see [`super::contention`].
+    pub const CONTENTION: u32 = 4;
+    /// One purge work item (`workqueue:workqueue_execute_start/_end` filtered to the vmap work
+    /// functions, or entry/exit of `purge_vmap_node`). Fields: see [`super::work`].
+    pub const WORK: u32 = 5;
+    /// One kernel page-table page allocated for vmalloc space. Fields: see [`super::ptpage`].
+    pub const PT_PAGE: u32 = 6;
+    /// Entry-to-exit latency of `alloc_vmap_area` (fentry/fexit or kprobe/kretprobe rungs only).
+    /// Fields: `[0]` entry time, `[1]` latency ns, `[2]` return value.
+    pub const LATENCY: u32 = 7;
     /// One past the largest kind; sizes the per-kind lost-event counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 8;
+}
+
+/// Field slots of a [`kind::CONTENTION`] event.
+pub mod contention {
+    pub const LOCK: usize = 0;
+    pub const FLAGS: usize = 1;
+    pub const WAIT_NS: usize = 2;
+    /// `bpf_get_stackid` result: a stack id, or a negative errno when the stack map failed.
+    pub const STACK_ID: usize = 3;
+    pub const BEGIN_NS: usize = 4;
+    /// `ret` of `contention_end` (0 on success, e.g. -EINTR for an interrupted mutex wait).
+    pub const RET: usize = 5;
+    /// Index into the filter's range table of the first frame that matched.
+    pub const MATCHED: usize = 6;
+    /// `LCB_F_*` bits of `include/trace/events/lock.h`.
+    pub const F_SPIN: u64 = 1 << 0;
+    pub const F_MUTEX: u64 = 1 << 5;
+}
+
+/// Field slots of a [`kind::WORK`] event.
+pub mod work {
+    /// `struct work_struct *`, or the `struct vmap_node *` on the fentry/kprobe rungs.
+    pub const WORK: usize = 0;
+    pub const FUNCTION: usize = 1;
+    pub const START_NS: usize = 2;
+    pub const DURATION_NS: usize = 3;
+    pub const START_CPU: usize = 4;
+    /// `vn->nr_purged` after the call (fexit rung only; `u64::MAX` when not read).
+    pub const NR_PURGED: usize = 5;
+}
+
+/// Field slots of a [`kind::PT_PAGE`] event.
+pub mod ptpage {
+    /// 0 = PTE table (`__pte_alloc_kernel`), 1 = PMD, 2 = PUD, 3 = P4D.
+    pub const LEVEL: usize = 0;
+    pub const PFN: usize = 1;
+    pub const GFP: usize = 2;
+    pub const ORDER: usize = 3;
+}
+
+/// Largest page order the backing-page histogram counts separately (`MAX_PAGE_ORDER` is 10 on
+/// x86_64); larger orders land in the last slot.
+pub const MAX_ORDER_SLOTS: u32 = 12;
+
+/// Kernel stack depth the filters inspect. Lock and page-allocator frames come first, so the
+/// vmap function is within the first dozen frames; 32 leaves slack without a costly loop.
+pub const FILTER_FRAMES: usize = 32;
+
+/// Most address ranges one filter table holds.
+pub const MAX_RANGES: usize = 32;
+
+/// `[start, end)` of one kernel function, from `/proc/kallsyms`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddrRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A small table of function ranges handed to a probe as a read-only global: the in-kernel
+/// stack filter. Sorted by `start`; `lo`/`hi` bound the whole table so most frames are
+/// rejected with two compares.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeSet {
+    pub count: u32,
+    pub _pad: u32,
+    pub lo: u64,
+    pub hi: u64,
+    pub ranges: [AddrRange; MAX_RANGES],
+}
+
+impl RangeSet {
+    pub const EMPTY: RangeSet = RangeSet {
+        count: 0,
+        _pad: 0,
+        lo: 0,
+        hi: 0,
+        ranges: [AddrRange { start: 0, end: 0 }; MAX_RANGES],
+    };
+}
+
+/// Page-allocation filter parameters for `kmem:mm_page_alloc` (gfp bits differ between kernel
+/// builds, so user space reads them from the tracepoint's print format).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageFilter {
+    /// Page-table pages: all of these gfp bits set (`__GFP_ZERO`) …
+    pub pt_require: u64,
+    /// … and none of these (`__GFP_ACCOUNT`: user page tables; `__GFP_HIGHMEM`).
+    pub pt_exclude: u64,
+    /// vmalloc backing pages: all of these set (`__GFP_HIGHMEM`, added by `__vmalloc_area_node`) …
+    pub back_require: u64,
+    /// … and none of these (`__GFP_MOVABLE`: user pages).
+    pub back_exclude: u64,
+}
+
+/// Indexes of the per-CPU `COUNTERS` array: filter and stack-map accounting.
+pub mod counter {
+    /// `bpf_get_stackid` failed (map full or hash bucket taken); the event carries the errno.
+    pub const STACK_MAP_FAIL: u32 = 0;
+    /// `bpf_get_stack` for the in-kernel filter failed.
+    pub const STACK_READ_FAIL: u32 = 1;
+    /// Contentions seen whose stack held no vmap function (dropped in the kernel).
+    pub const CONTENTION_FILTERED: u32 = 2;
+    /// A contention began while another one was pending on the same CPU/task (kept the outer).
+    pub const CONTENTION_NESTED: u32 = 3;
+    /// `mm_page_alloc` hits that passed the gfp pre-filter and had their stack walked.
+    pub const PAGE_STACK_WALKS: u32 = 4;
+    /// Work items of the vmap functions whose start was not seen (attached mid-item).
+    pub const WORK_UNMATCHED_END: u32 = 5;
+    pub const COUNT: u32 = 8;
 }
 
 /// Where one tracepoint field lives in the raw record, as read from the tracepoint's `format` file.
@@ -101,6 +224,40 @@ pub mod names {
     pub const PROG_ALLOC: &str = "vmalloc_alloc_vmap_area";
     pub const PROG_FREE: &str = "vmalloc_free_vmap_area_noflush";
     pub const PROG_PURGE: &str = "vmalloc_purge_vmap_area_lazy";
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const STACKS: &str = "STACKS";
+    pub const BACKING_ORDERS: &str = "BACKING_ORDERS";
+    pub const LOCK_BEGIN_LAYOUT: &str = "LOCK_BEGIN_LAYOUT";
+    pub const LOCK_END_LAYOUT: &str = "LOCK_END_LAYOUT";
+    pub const WQ_START_LAYOUT: &str = "WQ_START_LAYOUT";
+    pub const WQ_END_LAYOUT: &str = "WQ_END_LAYOUT";
+    pub const PAGE_ALLOC_LAYOUT: &str = "PAGE_ALLOC_LAYOUT";
+    pub const LOCK_RANGES: &str = "LOCK_RANGES";
+    pub const PT_ALLOC_RANGES: &str = "PT_ALLOC_RANGES";
+    pub const VMAP_MAP_RANGES: &str = "VMAP_MAP_RANGES";
+    pub const VMALLOC_PAGE_RANGES: &str = "VMALLOC_PAGE_RANGES";
+    pub const WORK_FUNCS: &str = "WORK_FUNCS";
+    pub const PAGE_FILTER: &str = "PAGE_FILTER";
+    pub const NR_PURGED_OFFSET: &str = "NR_PURGED_OFFSET";
+    pub const PROG_LOCK_BEGIN: &str = "lock_contention_begin";
+    pub const PROG_LOCK_END: &str = "lock_contention_end";
+    pub const PROG_WQ_START: &str = "workqueue_execute_start";
+    pub const PROG_WQ_END: &str = "workqueue_execute_end";
+    pub const PROG_PAGE_ALLOC: &str = "kmem_mm_page_alloc";
+    pub const PROG_FENTRY_ALLOC: &str = "fentry_alloc_vmap_area";
+    pub const PROG_FEXIT_ALLOC: &str = "fexit_alloc_vmap_area";
+    pub const PROG_KPROBE_ALLOC: &str = "kprobe_alloc_vmap_area";
+    pub const PROG_KRETPROBE_ALLOC: &str = "kretprobe_alloc_vmap_area";
+    pub const PROG_FENTRY_PURGE_NODE: &str = "fentry_purge_vmap_node";
+    pub const PROG_FEXIT_PURGE_NODE: &str = "fexit_purge_vmap_node";
+    pub const PROG_KPROBE_PURGE_NODE: &str = "kprobe_purge_vmap_node";
+    pub const PROG_KRETPROBE_PURGE_NODE: &str = "kretprobe_purge_vmap_node";
+    pub const PROG_FENTRY_PTE: &str = "fentry_pte_alloc_kernel";
+    pub const PROG_KPROBE_PTE: &str = "kprobe_pte_alloc_kernel";
+    pub const PROG_FENTRY_SPIN: &str = "fentry_spin_slowpath";
+    pub const PROG_FEXIT_SPIN: &str = "fexit_spin_slowpath";
+    pub const PROG_KPROBE_SPIN: &str = "kprobe_spin_slowpath";
+    pub const PROG_KRETPROBE_SPIN: &str = "kretprobe_spin_slowpath";
 }
 
 #[cfg(feature = "user")]
@@ -109,9 +266,14 @@ mod user {
     unsafe impl aya::Pod for super::FieldLoc {}
     unsafe impl aya::Pod for super::TpLayout {}
     unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::AddrRange {}
+    unsafe impl aya::Pod for super::RangeSet {}
+    unsafe impl aya::Pod for super::PageFilter {}
 }
 
 // The wire layout must have no implicit padding: check the sizes the fields add up to.
 const _: () = assert!(core::mem::size_of::<FieldLoc>() == 4);
 const _: () = assert!(core::mem::size_of::<TpLayout>() == 4 * MAX_FIELDS);
 const _: () = assert!(core::mem::size_of::<Event>() == 8 + 4 * 4 + COMM_LEN + 8 * MAX_FIELDS);
+const _: () = assert!(core::mem::size_of::<RangeSet>() == 24 + 16 * MAX_RANGES);
+const _: () = assert!(core::mem::size_of::<PageFilter>() == 32);

@@ -6,8 +6,12 @@
 #![no_std]
 #![no_main]
 
+mod kmem;
+mod latency;
+mod lock;
 mod maps;
 mod vmalloc;
+mod workqueue;
 
 #[cfg(not(test))]
 #[panic_handler]

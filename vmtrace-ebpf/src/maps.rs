@@ -6,11 +6,16 @@ use aya_ebpf::{
         bpf_ktime_get_boot_ns,
     },
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, RingBuf, StackTrace},
     programs::TracePointContext,
+    EbpfContext, Global,
 };
 use aya_log_ebpf::warn;
-use vmtrace_common::{kind, Event, FieldLoc, TpLayout};
+use core::ptr;
+use vmtrace_common::{
+    counter, kind, AddrRange, Event, FieldLoc, RangeSet, TpLayout, FILTER_FRAMES, MAX_FIELDS,
+    MAX_ORDER_SLOTS, MAX_RANGES,
+};
 
 /// 16 MiB holds about 160k events: more than half a second of the fastest user-space stressor on
 /// two CPUs, which is the slack the reader needs when it is descheduled. User space may resize it
@@ -22,9 +27,175 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(kind::COUNT, 0);
 
+/// Filter and stack-map accounting, per CPU, indexed by `vmtrace_common::counter`.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Kernel stacks of the contention events that passed the filter; the event carries the id and
+/// user space resolves the frames once per id. Ids are a hash of the stack, so the map holds
+/// distinct stacks only; a full map or a taken bucket is counted, never silent.
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
+
+/// Scratch space for the in-kernel stack filters (`bpf_get_stack`), one per CPU: too big for
+/// the 512-byte BPF stack.
+#[map]
+pub static FRAMES: PerCpuArray<[u64; FILTER_FRAMES]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Orders of vmalloc backing-page allocations, per CPU: a histogram, not events, because a
+/// large vmalloc allocates thousands of pages and only the distribution is wanted.
+#[map]
+pub static BACKING_ORDERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_ORDER_SLOTS, 0);
+
+/// CLOCK_BOOTTIME now, the clock of every event timestamp.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_boot_ns() }
+}
+
+#[inline(always)]
+pub fn this_cpu() -> u64 {
+    // SAFETY: a helper without arguments.
+    u64::from(unsafe { bpf_get_smp_processor_id() })
+}
+
+#[inline(always)]
+pub fn bump(index: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot; programs run with migration disabled.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// A pointer to a read-only global's value, for tables too large to copy onto the 512-byte
+/// BPF stack with `Global::load`. Fields are then read with `read_volatile`, so the compiler
+/// cannot fold in the compile-time placeholder the loader overrides.
+#[inline(always)]
+pub fn global_ptr<T>(g: &Global<T>) -> *const T {
+    // `Global<T>` is `repr(transparent)` over `MaybeUninit<T>`.
+    (g as *const Global<T>).cast()
+}
+
+/// Index of the range of `set` holding `f`, if any.
+#[inline(always)]
+fn range_index(set: *const RangeSet, f: u64) -> Option<u64> {
+    // SAFETY: `set` points at a global of the right type (see `global_ptr`); `j < MAX_RANGES`.
+    unsafe {
+        let lo = ptr::read_volatile(ptr::addr_of!((*set).lo));
+        let hi = ptr::read_volatile(ptr::addr_of!((*set).hi));
+        if f < lo || f >= hi {
+            return None;
+        }
+        let count = ptr::read_volatile(ptr::addr_of!((*set).count)) as usize;
+        let base = ptr::addr_of!((*set).ranges).cast::<AddrRange>();
+        for j in 0..MAX_RANGES {
+            if j >= count {
+                break;
+            }
+            let r = ptr::read_volatile(base.add(j));
+            if f >= r.start && f < r.end {
+                return Some(j as u64);
+            }
+        }
+    }
+    None
+}
+
+/// Reads the current kernel stack (at most [`FILTER_FRAMES`] frames) into this CPU's scratch
+/// buffer; returns it with the number of frames.
+#[inline(always)]
+fn read_stack<C: EbpfContext>(ctx: &C) -> Option<(*const u64, usize)> {
+    let buf = FRAMES.get_ptr_mut(0)?;
+    // SAFETY: `buf` is this CPU's scratch slot of exactly FILTER_FRAMES u64s.
+    let n = unsafe {
+        aya_ebpf::helpers::bpf_get_stack(ctx.as_ptr(), buf.cast(), (FILTER_FRAMES * 8) as u32, 0)
+    };
+    if n <= 0 {
+        bump(counter::STACK_READ_FAIL);
+        return None;
+    }
+    Some((buf.cast::<u64>().cast_const(), (n as usize) / 8))
+}
+
+/// Walks the current kernel stack and returns the index of the first range of `set` that holds
+/// a frame, if any. Loops are bounded by constants and pointers are offset, never indexed, so
+/// there is no bounds check (and no panic path) for the verifier to reject.
+#[inline(always)]
+pub fn stack_hits<C: EbpfContext>(ctx: &C, set: *const RangeSet) -> Option<u64> {
+    let (buf, frames) = read_stack(ctx)?;
+    for i in 0..FILTER_FRAMES {
+        if i >= frames {
+            break;
+        }
+        // SAFETY: i < FILTER_FRAMES, inside the scratch buffer.
+        let f = unsafe { *buf.add(i) };
+        if let Some(j) = range_index(set, f) {
+            return Some(j);
+        }
+    }
+    None
+}
+
+/// Like [`stack_hits`] for two tables over one stack walk: the first hit in `a` and whether any
+/// frame is in `b`.
+#[inline(always)]
+pub fn stack_hits2<C: EbpfContext>(
+    ctx: &C,
+    a: *const RangeSet,
+    b: *const RangeSet,
+) -> (Option<u64>, bool) {
+    let Some((buf, frames)) = read_stack(ctx) else {
+        return (None, false);
+    };
+    let mut hit_a = None;
+    let mut hit_b = false;
+    for i in 0..FILTER_FRAMES {
+        if i >= frames {
+            break;
+        }
+        // SAFETY: i < FILTER_FRAMES, inside the scratch buffer.
+        let f = unsafe { *buf.add(i) };
+        if hit_a.is_none() {
+            hit_a = range_index(a, f);
+        }
+        if !hit_b {
+            hit_b = range_index(b, f).is_some();
+        }
+    }
+    (hit_a, hit_b)
+}
+
+/// Writes one event whose payload the probe computed itself (not copied from a tracepoint).
+#[inline(always)]
+pub fn emit_values<C: EbpfContext>(
+    ctx: &C,
+    event_kind: u32,
+    values: &[u64; MAX_FIELDS],
+) -> Result<(), i32> {
+    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+        count_lost(ctx, event_kind);
+        return Err(-1);
+    };
+    let ev = entry.as_mut_ptr();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: `ev` points at a reserved, exclusively owned record of the right size.
+    unsafe {
+        (*ev).ts_ns = bpf_ktime_get_boot_ns();
+        (*ev).kind = event_kind;
+        (*ev).cpu = bpf_get_smp_processor_id();
+        (*ev).tgid = (pid_tgid >> 32) as u32;
+        (*ev).pid = pid_tgid as u32;
+        (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        (*ev).fields = *values;
+    }
+    entry.submit(0);
+    Ok(())
+}
+
 /// Reads one tracepoint field at the offset the `format` file gave, widened to 64 bits.
 #[inline(always)]
-fn read_field(ctx: &TracePointContext, loc: &FieldLoc) -> Result<u64, i32> {
+pub fn read_field(ctx: &TracePointContext, loc: &FieldLoc) -> Result<u64, i32> {
     let off = loc.offset as usize;
     // SAFETY: the offsets come from the running kernel's `format` file for this very tracepoint,
     // and bpf_probe_read_kernel turns a bad address into an error rather than a fault.
@@ -85,7 +256,7 @@ pub fn emit(ctx: &TracePointContext, event_kind: u32, layout: &TpLayout) -> Resu
 }
 
 #[inline(always)]
-fn count_lost(ctx: &TracePointContext, event_kind: u32) {
+fn count_lost<C: EbpfContext>(ctx: &C, event_kind: u32) {
     if let Some(slot) = LOST.get_ptr_mut(event_kind) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs with preemption off.
         let before = unsafe { *slot };

@@ -22,9 +22,11 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordArgs;
 use crate::host::{system, vmallocinfo};
+use crate::probe::contention::Classifier;
 use crate::probe::{decode, LoadedProbes};
 use crate::trace::{
-    self, EventCounts, Footer, Header, KAddr, Record, StopReason, Tool, TraceWriter, VmapFacts,
+    self, ClassTotal, EventCounts, Footer, Header, KAddr, LadderCounts, LadderStats, LockClass,
+    Meminfo, Record, StopReason, Tool, TraceWriter, VmapFacts,
 };
 
 /// Exit status when events were lost: the trace is complete as a file but not as a record.
@@ -116,25 +118,110 @@ struct Session {
     reorder: Reorder,
     counts: EventCounts,
     undecodable: u64,
+    ladder: LadderTally,
+}
+
+/// What the session learns from the ladder's events while they stream through.
+#[derive(Default)]
+struct LadderTally {
+    counts: LadderCounts,
+    classifier: Classifier,
+    stacks: std::collections::HashMap<i64, Vec<String>>,
+    by_class: std::collections::BTreeMap<LockClass, (u64, u64)>,
+    /// `(pid, start, end)` of every `drain_vmap_area_work` item.
+    drain_items: Vec<(u32, u64, u64)>,
+    /// `(pid, ts)` of every purge run by a kworker.
+    worker_purges: Vec<(u32, u64)>,
+}
+
+impl LadderTally {
+    /// Purges from workers, and how many lie inside a drain work item of the same worker.
+    fn purge_matching(&self) -> (u64, u64) {
+        let matched = self
+            .worker_purges
+            .iter()
+            .filter(|(pid, ts)| {
+                self.drain_items
+                    .iter()
+                    .any(|(p, s, e)| p == pid && s <= ts && ts <= e)
+            })
+            .count();
+        (self.worker_purges.len() as u64, matched as u64)
+    }
 }
 
 impl Session {
-    /// Moves everything currently in the ring buffer into the reorder buffer.
-    fn drain_ring(&mut self) {
+    /// Moves everything currently in the ring buffer into the reorder buffer, resolving the
+    /// stacks, lock classes and work-function names the ring records only carry as ids.
+    fn drain_ring(&mut self, probes: &LoadedProbes) {
         let ring = self.ring.get_mut();
         while let Some(item) = ring.next() {
             match decode(&item) {
-                Some(rec) => {
-                    match &rec {
+                Some(mut rec) => {
+                    let t = &mut self.ladder;
+                    match &mut rec {
                         Record::Alloc(_) => self.counts.alloc += 1,
                         Record::Free(_) => self.counts.free += 1,
-                        Record::Purge(_) => self.counts.purge += 1,
+                        Record::Purge(p) => {
+                            self.counts.purge += 1;
+                            if p.ctx.comm.starts_with("kworker") {
+                                t.worker_purges.push((p.ctx.pid, p.ctx.ts_ns));
+                            }
+                        }
+                        Record::Contention(c) => {
+                            t.counts.contention += 1;
+                            if c.stack_id >= 0 {
+                                c.stack = t
+                                    .stacks
+                                    .entry(c.stack_id)
+                                    .or_insert_with(|| {
+                                        probes.stack_frames(c.stack_id).unwrap_or_default()
+                                    })
+                                    .clone();
+                            }
+                            let r = t.classifier.classify(&c.stack, c.lock.0, c.flags);
+                            c.class = r.class;
+                            c.node = r.node;
+                            let e = t.by_class.entry(r.class).or_default();
+                            e.0 += 1;
+                            e.1 += c.wait_ns;
+                        }
+                        Record::Work(w) => {
+                            t.counts.work += 1;
+                            w.function = probes
+                                .ksyms
+                                .as_ref()
+                                .and_then(|k| k.resolve(w.function_addr.0))
+                                .map(|(s, _)| s.name.clone())
+                                .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
+                            if w.function == "drain_vmap_area_work" {
+                                t.drain_items.push((
+                                    w.ctx.pid,
+                                    w.start_ns,
+                                    w.start_ns + w.duration_ns,
+                                ));
+                            }
+                        }
+                        Record::PtPage(_) => t.counts.pt_page += 1,
+                        Record::Latency(_) => t.counts.latency += 1,
                         _ => {}
                     }
                     self.reorder.push(rec);
                 }
                 None => self.undecodable += 1,
             }
+        }
+    }
+
+    /// Samples `/proc/meminfo` into the trace.
+    fn sample_meminfo(&mut self) {
+        match crate::host::meminfo::read() {
+            Ok(m) => self.reorder.push(Record::Meminfo(Meminfo {
+                ts_ns: system::boottime_ns(),
+                page_tables_kb: m.page_tables_kb,
+                vmalloc_used_kb: m.vmalloc_used_kb,
+            })),
+            Err(e) => log::debug!("meminfo sample skipped: {e}"),
         }
     }
 
@@ -168,11 +255,16 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.
     let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+    let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
     let mut session = Session {
         ring,
         reorder: Reorder::default(),
         counts: EventCounts::default(),
         undecodable: 0,
+        ladder: LadderTally {
+            classifier: Classifier::new(nodes),
+            ..LadderTally::default()
+        },
     };
 
     // Snapshot right after attach: the window in which an event can refer to an area the
@@ -183,12 +275,11 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
             "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"
         );
     }
-    let calibration = calibrate(&mut session, facts.page_size).await;
+    let calibration = calibrate(&mut session, &probes, facts.page_size).await;
     if calibration.vstart.is_none() {
         log::warn!("calibration allocation was not seen by the probes; header range is unknown");
     }
 
-    let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
     let header = Header {
         format: trace::FORMAT.into(),
         version: trace::VERSION,
@@ -247,6 +338,9 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
 
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut flush_tick = tokio::time::interval(FLUSH_INTERVAL);
+    let meminfo_every = args.meminfo_interval.filter(|d| !d.is_zero());
+    let mut meminfo_tick =
+        tokio::time::interval(meminfo_every.unwrap_or(Duration::from_secs(3600)));
     let mut command_exit_code = None;
     let mut write_error: Option<std::io::Error> = None;
     let mut ring_error = None;
@@ -258,10 +352,11 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
                     ring_error = Some(e);
                     break StopReason::Error;
                 }
-                session.drain_ring();
+                session.drain_ring(&probes);
             }
+            _ = meminfo_tick.tick(), if meminfo_every.is_some() => session.sample_meminfo(),
             _ = flush_tick.tick() => {
-                session.drain_ring();
+                session.drain_ring(&probes);
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
                 emit(&mut session.reorder, watermark, &mut writer, &mut write_error);
                 if let Some(e) = write_error.take() {
@@ -285,7 +380,11 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     // Frees deferred to workqueues (e.g. a closed BPF map) land a few ms after the command
     // exits; give them a moment so the trace does not end mid-sequence.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    session.drain_ring();
+    if meminfo_every.is_some() {
+        session.sample_meminfo();
+    }
+    probes.detach();
+    session.drain_ring(&probes);
     emit(
         &mut session.reorder,
         u64::MAX,
@@ -297,6 +396,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     }
     let lost = probes.lost()?;
     let mut footer = make_footer(reason, command_exit_code, &session, &lost);
+    footer.ladder = Some(ladder_stats(&session, &probes, &lost));
     if stats_at_start {
         footer.kernel_run_stats = probes.run_stats();
     }
@@ -394,6 +494,43 @@ fn make_footer(
         lost_by_kind,
         late_events: session.reorder.late + session.undecodable,
         kernel_run_stats: None,
+        ladder: None,
+    }
+}
+
+fn ladder_stats(session: &Session, probes: &LoadedProbes, lost: &[Vec<u64>]) -> LadderStats {
+    use vmtrace_common::{counter, kind};
+    let sum = |k: u32| lost.get(k as usize).map(|v| v.iter().sum()).unwrap_or(0);
+    let t = &session.ladder;
+    let (purges_from_work, purges_matched) = t.purge_matching();
+    LadderStats {
+        events: t.counts,
+        lost: LadderCounts {
+            contention: sum(kind::CONTENTION),
+            work: sum(kind::WORK),
+            pt_page: sum(kind::PT_PAGE),
+            latency: sum(kind::LATENCY),
+        },
+        stack_map_failures: probes.counter(counter::STACK_MAP_FAIL),
+        stack_read_failures: probes.counter(counter::STACK_READ_FAIL),
+        contention_filtered: probes.counter(counter::CONTENTION_FILTERED),
+        contention_nested: probes.counter(counter::CONTENTION_NESTED),
+        page_stack_walks: probes.counter(counter::PAGE_STACK_WALKS),
+        work_unmatched_end: probes.counter(counter::WORK_UNMATCHED_END),
+        contention_by_class: LockClass::ALL
+            .iter()
+            .map(|&class| {
+                let (count, wait_ns) = t.by_class.get(&class).copied().unwrap_or_default();
+                ClassTotal {
+                    class,
+                    count,
+                    wait_ns,
+                }
+            })
+            .collect(),
+        backing_page_orders: probes.backing_orders(),
+        purges_from_work,
+        purges_matched,
     }
 }
 
@@ -468,7 +605,7 @@ fn reason_text(r: StopReason) -> &'static str {
 /// Allocates and frees one small vmalloc area of our own (a 1-page mmapable BPF array) and waits
 /// for the probes to report both, which proves end to end that events flow, and reads from the
 /// kernel's own events the VMALLOC range and `lazy_max_pages`.
-async fn calibrate(session: &mut Session, page_size: u64) -> Calibration {
+async fn calibrate(session: &mut Session, probes: &LoadedProbes, page_size: u64) -> Calibration {
     let mut cal = Calibration::default();
     let me = std::process::id();
     // 1 is a power of two, so the unprivileged entry rounding cannot change the size.
@@ -480,7 +617,7 @@ async fn calibrate(session: &mut Session, page_size: u64) -> Calibration {
     let deadline = tokio::time::Instant::now() + CALIBRATION_TIMEOUT;
     let mut addr = None;
     loop {
-        session.drain_ring();
+        session.drain_ring(probes);
         for rec in session.reorder.iter() {
             match rec {
                 Record::Alloc(a)

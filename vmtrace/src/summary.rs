@@ -135,6 +135,8 @@ pub fn summarize(input: impl BufRead) -> Result<Summary, ReadError> {
                 s.max_npurged = s.max_npurged.max(p.npurged);
             }
             Record::Footer(f) => footer = Some(*f),
+            // Ladder records (lock waits, purge work, page tables) are not summarised here.
+            _ => {}
         }
     }
     if let Some(first) = first_ts {

@@ -9,9 +9,10 @@ use serde_json::{json, Value};
 use vmtrace::host::system::SystemFacts;
 use vmtrace::host::tracefs::Field;
 use vmtrace::trace::{
-    Alloc, AreaKind, Ctx, EventCounts, Footer, Free, Header, KAddr, ProbeInfo, ProbeRunStats,
-    Purge, ReadError, Record, StopReason, Tool, TraceReader, TraceWriter, VmallocArea,
-    VmallocSnapshot, VmapFacts, FORMAT, VERSION,
+    Alloc, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free, Header, KAddr,
+    LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo, ProbeRunStats, PtLevel,
+    PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Tool, TraceReader, TraceWriter,
+    VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -79,6 +80,9 @@ fn header() -> Header {
                     field("failed", "int failed", 48, 4, true),
                 ],
                 missing_fields: vec![],
+                logical: None,
+                refused: vec![],
+                note: None,
             },
             ProbeInfo {
                 probe: "vmalloc:free_vmap_area_noflush".into(),
@@ -86,6 +90,29 @@ fn header() -> Header {
                 program: "vmalloc_free_vmap_area_noflush".into(),
                 fields: vec![field("va_start", "unsigned long va_start", 8, 8, false)],
                 missing_fields: vec!["nr_lazy".into(), "nr_lazy_max".into()],
+                logical: None,
+                refused: vec![],
+                note: None,
+            },
+            ProbeInfo {
+                probe: "lock:contention_begin+lock:contention_end".into(),
+                rung: "tracepoint".into(),
+                program: "lock_contention_begin+lock_contention_end".into(),
+                fields: vec![field("lock_addr", "void * lock_addr", 8, 8, false)],
+                missing_fields: vec![],
+                logical: Some("lock_waits".into()),
+                refused: vec![
+                    RungRefusal {
+                        rung: "fentry".into(),
+                        reason: "fentry load on __pv_queued_spin_lock_slowpath failed: EPERM"
+                            .into(),
+                    },
+                    RungRefusal {
+                        rung: "kprobe".into(),
+                        reason: "kprobes not configured".into(),
+                    },
+                ],
+                note: Some("n/a: no latency without fentry/kprobe".into()),
             },
             ProbeInfo {
                 probe: "vmalloc:purge_vmap_area_lazy".into(),
@@ -93,6 +120,9 @@ fn header() -> Header {
                 program: "vmalloc_purge_vmap_area_lazy".into(),
                 fields: vec![field("npurged", "unsigned int npurged", 65535, 255, false)],
                 missing_fields: vec![],
+                logical: None,
+                refused: vec![],
+                note: None,
             },
         ],
         clock: "CLOCK_BOOTTIME".into(),
@@ -197,6 +227,36 @@ fn footer(reason: StopReason, command_exit_code: Option<i32>) -> Footer {
         lost_total: 3,
         late_events: 0,
         kernel_run_stats: None,
+        ladder: None,
+    }
+}
+
+fn ladder_stats() -> LadderStats {
+    LadderStats {
+        events: LadderCounts {
+            contention: 2,
+            work: 1,
+            pt_page: 1,
+            latency: 1,
+        },
+        lost: LadderCounts::default(),
+        stack_map_failures: 0,
+        stack_read_failures: 1,
+        contention_filtered: 100,
+        contention_nested: 0,
+        page_stack_walks: 5000,
+        work_unmatched_end: 0,
+        contention_by_class: LockClass::ALL
+            .iter()
+            .map(|&class| ClassTotal {
+                class,
+                count: 1,
+                wait_ns: 700,
+            })
+            .collect(),
+        backing_page_orders: vec![4000, 0, 2],
+        purges_from_work: 1,
+        purges_matched: 1,
     }
 }
 
@@ -280,7 +340,74 @@ fn sample_records() -> Vec<Record> {
             nr_lazy_max: 0,
         }),
         Record::Alloc(extremes),
+        Record::Contention(Box::new(Contention {
+            ctx: ctx(1_000_000_600),
+            lock: KAddr(0xffff888100055820),
+            flags: 1,
+            wait_ns: 1432,
+            ret: 0,
+            class: LockClass::NodeBusyLock,
+            node: Some(0),
+            stack_id: 17,
+            stack: vec![
+                "__pv_queued_spin_lock_slowpath+0x10e".into(),
+                "_raw_spin_lock+0x3b".into(),
+                "find_unlink_vmap_area+0x55".into(),
+            ],
+        })),
+        Record::Contention(Box::new(Contention {
+            ctx: ctx(1_000_000_610),
+            lock: KAddr(0xffffffff83b8da50),
+            flags: 0x21,
+            wait_ns: 1,
+            ret: -4,
+            class: LockClass::Other,
+            node: None,
+            stack_id: -17,
+            stack: vec![],
+        })),
+        Record::Work(Work {
+            ctx: Ctx {
+                comm: "kworker/0:1".into(),
+                ..ctx(1_000_000_700)
+            },
+            function: "drain_vmap_area_work".into(),
+            function_addr: KAddr(0xffffffff81609280),
+            work: KAddr(0xffffffff83b8db00),
+            start_ns: 1_000_000_150,
+            duration_ns: 550,
+            start_cpu: 0,
+            nr_purged: None,
+        }),
+        Record::Work(Work {
+            ctx: ctx(1_000_000_710),
+            function: "purge_vmap_node".into(),
+            function_addr: KAddr(0xffffffff816089d0),
+            work: KAddr(0xffff888100054000),
+            start_ns: 1_000_000_705,
+            duration_ns: 5,
+            start_cpu: 1,
+            nr_purged: Some(12),
+        }),
+        Record::PtPage(PtPage {
+            ctx: ctx(1_000_000_800),
+            level: PtLevel::Pte,
+            pfn: 0x1234,
+            order: 0,
+        }),
+        Record::Latency(Latency {
+            ctx: ctx(1_000_000_900),
+            function: "alloc_vmap_area".into(),
+            start_ns: 1_000_000_850,
+            latency_ns: 50,
+        }),
+        Record::Meminfo(Meminfo {
+            ts_ns: 1_000_001_000,
+            page_tables_kb: 5244,
+            vmalloc_used_kb: 40736,
+        }),
         Record::Footer(Box::new(Footer {
+            ladder: Some(ladder_stats()),
             kernel_run_stats: Some(run_stats()),
             ..footer(StopReason::CommandExited, Some(-1))
         })),
@@ -461,6 +588,11 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/area.phys",
             "#/$defs/footer.command_exit_code",
             "#/$defs/footer.kernel_run_stats",
+            "#/$defs/footer.ladder",
+            "#/$defs/probe.logical",
+            "#/$defs/probe.note",
+            "#/$defs/probe.refused",
+            "#/$defs/work.nr_purged",
         ]
     );
 }
@@ -624,7 +756,7 @@ fn missing_required_members_are_refused() {
     for kind in common::KINDS {
         let full = sample(kind);
         for key in full.as_object().unwrap().keys() {
-            if key == "command_exit_code" || key == "kernel_run_stats" {
+            if key == "command_exit_code" || key == "kernel_run_stats" || key == "ladder" {
                 continue;
             }
             let mut v = full.clone();

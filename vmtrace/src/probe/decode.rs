@@ -1,11 +1,17 @@
 //! Ring-buffer record → trace record.
 
-use vmtrace_common::{kind, Event};
+use vmtrace_common::{contention as c, kind, ptpage as pt, work as w, Event};
 
-use crate::trace::{Alloc, Ctx, Free, KAddr, Purge, Record};
+use crate::trace::{
+    Alloc, Contention, Ctx, Free, KAddr, Latency, LockClass, PtLevel, PtPage, Purge, Record, Work,
+};
 
 /// Decodes one ring-buffer record; `None` for a short record or an unknown kind (a newer probe
 /// object than this reader), which the caller counts.
+///
+/// Contention and work records come out with what the ring record alone gives: the caller
+/// fills in the stack, lock class and node (`Contention::stack`, `class`, `node`) and the work
+/// function's name, which need the stack map and kallsyms.
 pub fn decode(bytes: &[u8]) -> Option<Record> {
     if bytes.len() < std::mem::size_of::<Event>() {
         return None;
@@ -47,6 +53,45 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
             start: KAddr(f[0]),
             end: KAddr(f[1]),
             npurged: f[2] as u32,
+        }),
+        kind::CONTENTION => Record::Contention(Box::new(Contention {
+            ctx,
+            lock: KAddr(f[c::LOCK]),
+            flags: f[c::FLAGS] as u32,
+            wait_ns: f[c::WAIT_NS],
+            ret: f[c::RET] as i64 as i32,
+            class: LockClass::Other,
+            node: None,
+            stack_id: f[c::STACK_ID] as i64,
+            stack: Vec::new(),
+        })),
+        kind::WORK => Record::Work(Work {
+            ctx,
+            function: String::new(),
+            function_addr: KAddr(f[w::FUNCTION]),
+            work: KAddr(f[w::WORK]),
+            start_ns: f[w::START_NS],
+            duration_ns: f[w::DURATION_NS],
+            start_cpu: f[w::START_CPU] as u32,
+            nr_purged: (f[w::NR_PURGED] != u64::MAX).then_some(f[w::NR_PURGED]),
+        }),
+        kind::PT_PAGE => Record::PtPage(PtPage {
+            ctx,
+            level: match f[pt::LEVEL] {
+                0 => PtLevel::Pte,
+                1 => PtLevel::Pmd,
+                2 => PtLevel::Pud,
+                3 => PtLevel::P4d,
+                _ => return None,
+            },
+            pfn: f[pt::PFN],
+            order: f[pt::ORDER] as u32,
+        }),
+        kind::LATENCY => Record::Latency(Latency {
+            ctx,
+            function: "alloc_vmap_area".into(),
+            start_ns: f[0],
+            latency_ns: f[1],
         }),
         _ => return None,
     })
@@ -92,6 +137,23 @@ mod tests {
         assert_eq!(a.size, 73728);
         assert_eq!(a.failed, -12);
         assert_eq!(a.ctx.ts_ns, 42);
+    }
+
+    #[test]
+    fn decodes_a_contention_with_a_failed_stack() {
+        let mut ev = Event::ZERO;
+        ev.kind = kind::CONTENTION;
+        ev.fields[c::LOCK] = 0xffff888100055820;
+        ev.fields[c::FLAGS] = 1;
+        ev.fields[c::WAIT_NS] = 1234;
+        ev.fields[c::STACK_ID] = (-17i64) as u64;
+        let Some(Record::Contention(r)) = decode(&raw(&ev)) else {
+            panic!("not a contention")
+        };
+        assert_eq!((r.wait_ns, r.stack_id, r.flags), (1234, -17, 1));
+        ev.kind = kind::PT_PAGE;
+        ev.fields[pt::LEVEL] = 9;
+        assert!(decode(&raw(&ev)).is_none(), "bad level");
     }
 
     #[test]

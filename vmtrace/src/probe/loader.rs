@@ -3,11 +3,17 @@
 use std::path::Path;
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
-    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{FEntry, FExit, KProbe, TracePoint},
+    Btf, Ebpf, EbpfLoader,
 };
-use vmtrace_common::{kind, names, FieldLoc, TpLayout, MAX_FIELDS};
+use vmtrace_common::{
+    counter, kind, names, AddrRange, FieldLoc, PageFilter, RangeSet, TpLayout, MAX_FIELDS,
+    MAX_ORDER_SLOTS, MAX_RANGES,
+};
+
+use super::ladder::{self, Choice, ProgSpec, Rung};
+use crate::host::kallsyms::Kallsyms;
 
 use crate::host::{
     self,
@@ -143,6 +149,9 @@ pub fn build_layout(
         program: spec.program.into(),
         fields,
         missing_fields: missing,
+        logical: None,
+        refused: Vec::new(),
+        note: None,
     };
     Ok((layout, info))
 }
@@ -154,6 +163,179 @@ pub struct LoadedProbes {
     pub ring_bytes: u64,
     lost: PerCpuArray<MapData, u64>,
     links: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>,
+    /// Owned links of the ladder probes; dropping one detaches it.
+    optional_links: Vec<Box<dyn std::any::Any>>,
+    counters: Option<PerCpuArray<MapData, u64>>,
+    backing: Option<PerCpuArray<MapData, u64>>,
+    stacks: Option<StackTraceMap<MapData>>,
+    /// Kernel symbols, when readable: stack frames and work functions are resolved with them.
+    pub ksyms: Option<Kallsyms>,
+    /// The ladder's decision for each logical probe.
+    pub choices: Vec<Choice>,
+}
+
+/// A tracepoint of the ladder, with the fields its program reads.
+struct LadderTp {
+    category: &'static str,
+    name: &'static str,
+    global: &'static str,
+    fields: &'static [&'static str],
+}
+
+const LADDER_TPS: [LadderTp; 5] = [
+    LadderTp {
+        category: "lock",
+        name: "contention_begin",
+        global: names::LOCK_BEGIN_LAYOUT,
+        fields: &["lock_addr", "flags"],
+    },
+    LadderTp {
+        category: "lock",
+        name: "contention_end",
+        global: names::LOCK_END_LAYOUT,
+        fields: &["lock_addr", "ret"],
+    },
+    LadderTp {
+        category: "workqueue",
+        name: "workqueue_execute_start",
+        global: names::WQ_START_LAYOUT,
+        fields: &["work", "function"],
+    },
+    LadderTp {
+        category: "workqueue",
+        name: "workqueue_execute_end",
+        global: names::WQ_END_LAYOUT,
+        fields: &["work", "function"],
+    },
+    LadderTp {
+        category: "kmem",
+        name: "mm_page_alloc",
+        global: names::PAGE_ALLOC_LAYOUT,
+        fields: &["pfn", "order", "gfp_flags"],
+    },
+];
+
+/// vmap functions that take a vmap lock (§2.4), plus the page-table path under vmap mapping:
+/// a contention whose stack holds none of them is dropped in the kernel.
+pub const LOCK_FUNCTIONS: [&str; 24] = [
+    "alloc_vmap_area",
+    "find_vmap_area",
+    "find_unlink_vmap_area",
+    "find_vmap_area_exceed_addr_lock",
+    "free_vmap_area_noflush",
+    "purge_vmap_node",
+    "__purge_vmap_area_lazy",
+    "purge_vmap_area_lazy",
+    "decay_va_pool_node",
+    "reclaim_list_global",
+    "vmap_node_shrink_scan",
+    "drain_vmap_area_work",
+    "_vm_unmap_aliases",
+    "pcpu_get_vm_areas",
+    "vread_iter",
+    "vmalloc_info_show",
+    "vmalloc_dump_obj",
+    "insert_vmap_area",
+    "vrealloc_node_align_noprof",
+    "__pte_alloc_kernel",
+    "vmap_small_pages_range_noflush",
+    "vmap_range_noflush",
+    "__vmap_pages_range_noflush",
+    "vmap_pages_range",
+];
+
+/// Kernel page-table allocators; the index is the level (0 = PTE … 3 = P4D).
+pub const PT_ALLOCATORS: [&str; 4] = [
+    "__pte_alloc_kernel",
+    "__pmd_alloc",
+    "__pud_alloc",
+    "__p4d_alloc",
+];
+/// Functions that map vmalloc space.
+pub const VMAP_MAPPERS: [&str; 4] = [
+    "vmap_small_pages_range_noflush",
+    "vmap_range_noflush",
+    "__vmap_pages_range_noflush",
+    "vmap_pages_range",
+];
+/// The vmalloc page-allocation path.
+pub const VMALLOC_PAGE_PATH: [&str; 3] = [
+    "__vmalloc_node_range_noprof",
+    "__vmalloc_area_node",
+    "vm_area_alloc_pages",
+];
+/// Work functions of the purge path (`WORK_FUNCS` order).
+pub const WORK_FUNCTIONS: [&str; 2] = ["drain_vmap_area_work", "purge_vmap_node"];
+
+/// Builds a filter table from function names; missing functions are skipped (inlined on this
+/// build), or kept as empty slots with `keep_slots` so an index keeps its meaning.
+pub fn range_set(ksyms: &Kallsyms, functions: &[&str], keep_slots: bool) -> RangeSet {
+    let mut set = RangeSet::EMPTY;
+    let mut n = 0usize;
+    let mut lo = u64::MAX;
+    let mut hi = 0u64;
+    for f in functions {
+        let ranges = ksyms.ranges(f);
+        if ranges.is_empty() && keep_slots && n < MAX_RANGES {
+            n += 1;
+            continue;
+        }
+        // With keep_slots only the main symbol counts (one slot per function).
+        let take = if keep_slots { 1 } else { ranges.len() };
+        for (start, end, _) in ranges.into_iter().take(take) {
+            if n >= MAX_RANGES {
+                log::warn!("filter table full: {f} and later functions are not filtered on");
+                break;
+            }
+            set.ranges[n] = AddrRange { start, end };
+            lo = lo.min(start);
+            hi = hi.max(end);
+            n += 1;
+        }
+    }
+    set.count = n as u32;
+    if hi > 0 {
+        set.lo = lo;
+        set.hi = hi;
+    }
+    set
+}
+
+/// Reads a gfp bit from `mm_page_alloc`'s print format (`… << (8))), "__GFP_ZERO"}`): the bit
+/// numbers depend on the kernel configuration.
+pub fn gfp_bit(format_text: &str, flag: &str) -> Option<u64> {
+    let needle = format!("\"{flag}\"}}");
+    let at = format_text.find(&needle)?;
+    let before = &format_text[..at];
+    let shift_at = before.rfind("<< (")?;
+    let digits: String = before[shift_at + 4..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse::<u32>()
+        .ok()
+        .filter(|b| *b < 64)
+        .map(|b| 1u64 << b)
+}
+
+/// The page filter from the format text, with the 6.18 bits as fallback.
+pub fn page_filter(format_text: Option<&str>) -> PageFilter {
+    let bit = |name: &str, default: u32| {
+        format_text
+            .and_then(|t| gfp_bit(t, name))
+            .unwrap_or(1u64 << default)
+    };
+    let zero = bit("__GFP_ZERO", 8);
+    let account = bit("__GFP_ACCOUNT", 22);
+    let highmem = bit("__GFP_HIGHMEM", 1);
+    let movable = bit("__GFP_MOVABLE", 3);
+    PageFilter {
+        pt_require: zero,
+        pt_exclude: account | highmem,
+        back_require: highmem,
+        back_exclude: movable,
+    }
 }
 
 impl LoadedProbes {
@@ -181,10 +363,92 @@ impl LoadedProbes {
             layouts.push((spec.layout_global, layout));
             infos.push(info);
         }
+        let ksyms = match Kallsyms::read() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                log::warn!("{e}; the lock, purge-work and page-table probes are off");
+                None
+            }
+        };
+        let mut choices = ladder::detect(PROBES_OBJECT, Some(tracefs), ksyms.as_ref());
+
+        // Tracepoint-rung inputs: layouts from tracefs, filter tables from kallsyms.
+        let mut tp_missing: Vec<(String, String)> = Vec::new();
+        let mut ladder_fields: Vec<(String, Vec<Field>)> = Vec::new();
+        let mut page_format_text = None;
+        for tp in &LADDER_TPS {
+            let id = format!("{}:{}", tp.category, tp.name);
+            match tracefs::read_format(tracefs, tp.category, tp.name) {
+                Ok(format) => {
+                    let mut layout = TpLayout::EMPTY;
+                    let mut fields = Vec::new();
+                    for (i, name) in tp.fields.iter().enumerate() {
+                        match format
+                            .field(name)
+                            .filter(|f| matches!(f.size, 1 | 2 | 4 | 8))
+                        {
+                            Some(f) => {
+                                layout.fields[i] = FieldLoc {
+                                    offset: f.offset,
+                                    size: f.size,
+                                    signed: u8::from(f.signed),
+                                };
+                                fields.push(f.clone());
+                            }
+                            None => tp_missing.push((id.clone(), format!("{id} lacks `{name}`"))),
+                        }
+                    }
+                    layouts.push((tp.global, layout));
+                    ladder_fields.push((id.clone(), fields));
+                    if tp.category == "kmem" {
+                        let path = tracefs.join("events/kmem/mm_page_alloc/format");
+                        page_format_text = std::fs::read_to_string(path).ok();
+                    }
+                }
+                Err(e) => tp_missing.push((id, e.to_string())),
+            }
+        }
+        if ksyms.is_none() {
+            for tp in &LADDER_TPS {
+                tp_missing.push((
+                    format!("{}:{}", tp.category, tp.name),
+                    "no kernel symbols for the in-kernel filter".into(),
+                ));
+            }
+        }
+
         let mut loader = EbpfLoader::new();
         for (global, layout) in &layouts {
             loader.override_global(global, layout, true);
         }
+        let empty = RangeSet::EMPTY;
+        let (lock_ranges, pt_ranges, map_ranges, page_ranges, work_funcs) = match &ksyms {
+            Some(k) => {
+                let pt_on_tracepoint = choices
+                    .iter()
+                    .any(|c| c.logical.name == "page_tables" && c.rung == Rung::Tracepoint);
+                (
+                    range_set(k, &LOCK_FUNCTIONS, false),
+                    // A richer page-table rung reports those pages itself: no duplicates.
+                    if pt_on_tracepoint {
+                        range_set(k, &PT_ALLOCATORS, true)
+                    } else {
+                        RangeSet::EMPTY
+                    },
+                    range_set(k, &VMAP_MAPPERS, false),
+                    range_set(k, &VMALLOC_PAGE_PATH, false),
+                    WORK_FUNCTIONS.map(|f| k.addr_of(f).unwrap_or(0)),
+                )
+            }
+            None => (empty, empty, empty, empty, [0; 2]),
+        };
+        let filter = page_filter(page_format_text.as_deref());
+        loader.override_global(names::LOCK_RANGES, &lock_ranges, true);
+        loader.override_global(names::PT_ALLOC_RANGES, &pt_ranges, true);
+        loader.override_global(names::VMAP_MAP_RANGES, &map_ranges, true);
+        loader.override_global(names::VMALLOC_PAGE_RANGES, &page_ranges, true);
+        loader.override_global(names::WORK_FUNCS, &work_funcs, true);
+        loader.override_global(names::PAGE_FILTER, &filter, true);
         // Checked above to fit.
         loader.map_max_entries(names::EVENTS, ring_bytes as u32);
         let mut ebpf = loader
@@ -227,6 +491,84 @@ impl LoadedProbes {
                 spec.name
             );
         }
+
+        // The ladder probes: optional, so a failure is reported, never fatal.
+        let btf = Btf::from_sys_fs().ok();
+        let mut optional_links: Vec<Box<dyn std::any::Any>> = Vec::new();
+        let mut attached_tps: Vec<&'static str> = Vec::new();
+        for choice in &mut choices {
+            let progs: &[ProgSpec] = match choice.rung {
+                Rung::Fentry => choice.logical.fentry,
+                Rung::Kprobe => choice.logical.kprobe,
+                Rung::Tracepoint => choice.logical.tracepoint,
+                Rung::None => &[],
+            };
+            if choice.rung == Rung::Tracepoint {
+                let missing: Vec<String> = progs
+                    .iter()
+                    .flat_map(|p| {
+                        tp_missing
+                            .iter()
+                            .filter(move |(id, _)| id == p.target)
+                            .map(|(_, why)| why.clone())
+                    })
+                    .collect();
+                if !missing.is_empty() {
+                    choice.refused.push((Rung::Tracepoint, missing.join("; ")));
+                    choice.rung = Rung::None;
+                    continue;
+                }
+            }
+            let mut new_links = Vec::new();
+            let mut failure = None;
+            for spec in progs {
+                if attached_tps.contains(&spec.program) {
+                    continue;
+                }
+                match attach_one(&mut ebpf, choice.rung, spec, btf.as_ref(), ksyms.as_ref()) {
+                    Ok(link) => new_links.push((spec.program, link)),
+                    Err(why) => {
+                        failure = Some(why);
+                        break;
+                    }
+                }
+            }
+            match failure {
+                None => {
+                    for (program, link) in new_links {
+                        if choice.rung == Rung::Tracepoint {
+                            attached_tps.push(program);
+                        }
+                        optional_links.push(link);
+                    }
+                }
+                Some(why) => {
+                    log::warn!(
+                        "probe {} ({} rung) could not attach: {why}",
+                        choice.logical.name,
+                        choice.rung.name()
+                    );
+                    choice.refused.push((choice.rung, why));
+                    choice.rung = Rung::None;
+                }
+            }
+        }
+        for choice in &choices {
+            if choice.rung == Rung::None && choice.logical.name != "alloc_latency" {
+                eprintln!(
+                    "vmtrace: warning: probe {} is off: {}",
+                    choice.logical.name,
+                    choice
+                        .refused
+                        .iter()
+                        .map(|(r, why)| format!("{}: {why}", r.name()))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+            infos.push(ladder_info(choice, &ladder_fields, ksyms.as_ref()));
+        }
+
         let lost_map = ebpf.take_map(names::LOST).ok_or(ProbeError::Map {
             map: names::LOST,
             source: Box::new(aya::maps::MapError::InvalidName {
@@ -237,19 +579,79 @@ impl LoadedProbes {
             map: names::LOST,
             source: Box::new(e),
         })?;
+        let counters = ebpf
+            .take_map(names::COUNTERS)
+            .and_then(|m| PerCpuArray::try_from(m).ok());
+        let backing = ebpf
+            .take_map(names::BACKING_ORDERS)
+            .and_then(|m| PerCpuArray::try_from(m).ok());
+        let stacks = ebpf
+            .take_map(names::STACKS)
+            .and_then(|m| StackTraceMap::try_from(m).ok());
         Ok(Self {
             ebpf,
             infos,
             ring_bytes,
             lost,
             links,
+            optional_links,
+            counters,
+            backing,
+            stacks,
+            ksyms,
+            choices,
         })
+    }
+
+    /// Frames of a kernel stack id, innermost first, as `symbol+0xoff`.
+    pub fn stack_frames(&self, stack_id: i64) -> Option<Vec<String>> {
+        let id = u32::try_from(stack_id).ok()?;
+        let trace = self.stacks.as_ref()?.get(&id, 0).ok()?;
+        let k = self.ksyms.as_ref();
+        Some(
+            trace
+                .frames()
+                .iter()
+                .map(|f| match k {
+                    Some(k) => k.format(f.ip),
+                    None => format!("{:#x}", f.ip),
+                })
+                .collect(),
+        )
+    }
+
+    /// Sum over CPUs of one `COUNTERS` slot.
+    pub fn counter(&self, index: u32) -> u64 {
+        self.counters
+            .as_ref()
+            .and_then(|m| m.get(&index, 0).ok())
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    }
+
+    /// The backing-page order histogram, summed over CPUs.
+    pub fn backing_orders(&self) -> Vec<u64> {
+        (0..MAX_ORDER_SLOTS)
+            .map(|o| {
+                self.backing
+                    .as_ref()
+                    .and_then(|m| m.get(&o, 0).ok())
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// The counters the footer reports, by `vmtrace_common::counter` index.
+    pub fn stack_map_failures(&self) -> u64 {
+        self.counter(counter::STACK_MAP_FAIL)
     }
 
     /// Detaches every program but keeps them loaded, so no event is produced after this while
     /// the run counts and lost counters can still be read and the ring buffer drained: the
     /// footer then balances exactly.
     pub fn detach(&mut self) {
+        self.optional_links.clear();
         for (name, link) in self.links.drain(..) {
             let detached = self
                 .ebpf
@@ -296,7 +698,8 @@ impl LoadedProbes {
             .collect()
     }
 
-    /// Reserve failures so far: `[kind][cpu]`, indexed by `vmtrace_common::kind`.
+    /// Reserve failures so far: `[kind][cpu]`, indexed by `vmtrace_common::kind` (every kind,
+    /// the ladder's included).
     pub fn lost(&self) -> Result<Vec<Vec<u64>>, ProbeError> {
         (0..kind::COUNT)
             .map(|k| {
@@ -309,6 +712,114 @@ impl LoadedProbes {
                     })
             })
             .collect()
+    }
+}
+
+/// Loads and attaches one program of a ladder rung; returns its owned link.
+fn attach_one(
+    ebpf: &mut Ebpf,
+    rung: Rung,
+    spec: &ProgSpec,
+    btf: Option<&Btf>,
+    ksyms: Option<&Kallsyms>,
+) -> Result<Box<dyn std::any::Any>, String> {
+    let target = ladder::resolve_target(spec.target, ksyms);
+    let prog = ebpf
+        .program_mut(spec.program)
+        .ok_or_else(|| format!("program {} missing from the object", spec.program))?;
+    let err = |action: &str, e: &(dyn std::error::Error + 'static)| {
+        ladder::describe_error(&format!("{action} {} on {target}", spec.program), e)
+    };
+    match rung {
+        Rung::Tracepoint => {
+            let p: &mut TracePoint = prog.try_into().map_err(|e| err("type check", &e))?;
+            p.load().map_err(|e| err("verifier load", &e))?;
+            let (category, name) = spec.target.split_once(':').unwrap_or(("", spec.target));
+            let id = p.attach(category, name).map_err(|e| err("attach", &e))?;
+            let link = p.take_link(id).map_err(|e| err("link", &e))?;
+            Ok(Box::new(link))
+        }
+        Rung::Fentry => {
+            let btf = btf.ok_or_else(|| "no kernel BTF".to_string())?;
+            if spec.ret {
+                let p: &mut FExit = prog.try_into().map_err(|e| err("type check", &e))?;
+                p.load(&target, btf).map_err(|e| err("load", &e))?;
+                let id = p.attach().map_err(|e| err("attach", &e))?;
+                Ok(Box::new(p.take_link(id).map_err(|e| err("link", &e))?))
+            } else {
+                let p: &mut FEntry = prog.try_into().map_err(|e| err("type check", &e))?;
+                p.load(&target, btf).map_err(|e| err("load", &e))?;
+                let id = p.attach().map_err(|e| err("attach", &e))?;
+                Ok(Box::new(p.take_link(id).map_err(|e| err("link", &e))?))
+            }
+        }
+        Rung::Kprobe => {
+            let p: &mut KProbe = prog.try_into().map_err(|e| err("type check", &e))?;
+            p.load().map_err(|e| err("load", &e))?;
+            let id = p.attach(&target, 0).map_err(|e| err("attach", &e))?;
+            Ok(Box::new(p.take_link(id).map_err(|e| err("link", &e))?))
+        }
+        Rung::None => Err("no rung".into()),
+    }
+}
+
+/// The header entry of one logical probe.
+fn ladder_info(
+    choice: &Choice,
+    fields: &[(String, Vec<Field>)],
+    ksyms: Option<&Kallsyms>,
+) -> ProbeInfo {
+    let progs: &[ProgSpec] = match choice.rung {
+        Rung::Fentry => choice.logical.fentry,
+        Rung::Kprobe => choice.logical.kprobe,
+        Rung::Tracepoint => choice.logical.tracepoint,
+        Rung::None => &[],
+    };
+    let targets: Vec<String> = progs
+        .iter()
+        .map(|p| ladder::resolve_target(p.target, ksyms))
+        .collect();
+    let mut dedup = targets.clone();
+    dedup.dedup();
+    let probe = if dedup.is_empty() {
+        choice.logical.name.to_string()
+    } else {
+        dedup.join("+")
+    };
+    let used_fields = if choice.rung == Rung::Tracepoint {
+        fields
+            .iter()
+            .filter(|(id, _)| targets.contains(id))
+            .flat_map(|(_, f)| f.iter().cloned())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let note = match choice.rung {
+        Rung::Tracepoint => choice.logical.tracepoint_note.map(String::from),
+        Rung::None if choice.logical.name == "alloc_latency" => Some(ladder::NO_LATENCY.into()),
+        _ => None,
+    };
+    ProbeInfo {
+        probe,
+        rung: choice.rung.name().into(),
+        program: progs
+            .iter()
+            .map(|p| p.program)
+            .collect::<Vec<_>>()
+            .join("+"),
+        fields: used_fields,
+        missing_fields: Vec::new(),
+        logical: Some(choice.logical.name.into()),
+        refused: choice
+            .refused
+            .iter()
+            .map(|(r, why)| crate::trace::RungRefusal {
+                rung: r.name().into(),
+                reason: why.clone(),
+            })
+            .collect(),
+        note,
     }
 }
 

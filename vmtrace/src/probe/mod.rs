@@ -4,8 +4,11 @@
 //! the fields we want, with a stable name, at the point the allocator decides. Richer rungs
 //! (fentry, kprobe) belong to the probes that have no tracepoint (issue 4).
 
+pub mod contention;
 pub mod decode;
+pub mod ladder;
 pub mod loader;
+pub mod table;
 
 pub use decode::decode;
 pub use loader::{LoadedProbes, ProbeError, TracepointSpec, TRACEPOINTS};

@@ -182,6 +182,11 @@ pub fn kind_name(r: &Record) -> &'static str {
         Record::Alloc(_) => "alloc",
         Record::Free(_) => "free",
         Record::Purge(_) => "purge",
+        Record::Contention(_) => "contention",
+        Record::Work(_) => "work",
+        Record::PtPage(_) => "pt_page",
+        Record::Latency(_) => "latency",
+        Record::Meminfo(_) => "meminfo",
         Record::Footer(_) => "footer",
     }
 }

@@ -15,6 +15,11 @@ pub enum Record {
     Alloc(Alloc),
     Free(Free),
     Purge(Purge),
+    Contention(Box<Contention>),
+    Work(Work),
+    PtPage(PtPage),
+    Latency(Latency),
+    Meminfo(Meminfo),
     Footer(Box<Footer>),
 }
 
@@ -77,6 +82,25 @@ pub struct ProbeInfo {
     pub fields: Vec<Field>,
     /// Fields vmtrace knows but this kernel's format lacks; reported as 0 in events.
     pub missing_fields: Vec<String>,
+    /// The logical probe this entry implements (`lock_waits`, `purge_work`, `page_tables`,
+    /// `backing_pages`, `alloc_latency`); absent for the three vmalloc tracepoints, which have
+    /// no other rung.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical: Option<String>,
+    /// Richer rungs tried before the chosen one, each with the reason it was refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RungRefusal>,
+    /// What the chosen rung cannot give (e.g. no latency on the tracepoint rung).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A rung of the strategy ladder that could not be used, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RungRefusal {
+    /// `fentry`, `kprobe` or `tracepoint`.
+    pub rung: String,
+    pub reason: String,
 }
 
 /// What `/proc/vmallocinfo` showed at the start: the state a model replay is seeded from.
@@ -172,6 +196,179 @@ pub struct Purge {
     pub npurged: u32,
 }
 
+/// Which vmap lock a contention event waited on, classified in user space from its stack
+/// (`shared/reference/vmalloc-allocator.md` §2.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LockClass {
+    /// `free_vmap_area_lock` (global spinlock).
+    FreeAreaLock,
+    /// `vn->busy.lock`.
+    NodeBusyLock,
+    /// `vn->lazy.lock`.
+    NodeLazyLock,
+    /// `vn->pool_lock`.
+    NodePoolLock,
+    /// `vmap_purge_lock` (global mutex).
+    PurgeMutex,
+    /// `init_mm.page_table_lock`.
+    PageTableLock,
+    /// A lock on a vmap path that is none of the above (zone locks, run-queue locks, vmap blocks).
+    Other,
+}
+
+impl LockClass {
+    pub const ALL: [LockClass; 7] = [
+        LockClass::FreeAreaLock,
+        LockClass::NodeBusyLock,
+        LockClass::NodeLazyLock,
+        LockClass::NodePoolLock,
+        LockClass::PurgeMutex,
+        LockClass::PageTableLock,
+        LockClass::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LockClass::FreeAreaLock => "free_area_lock",
+            LockClass::NodeBusyLock => "node_busy_lock",
+            LockClass::NodeLazyLock => "node_lazy_lock",
+            LockClass::NodePoolLock => "node_pool_lock",
+            LockClass::PurgeMutex => "purge_mutex",
+            LockClass::PageTableLock => "page_table_lock",
+            LockClass::Other => "other",
+        }
+    }
+}
+
+/// `lock:contention_begin` → `lock:contention_end` on a vmap path: one lock wait.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Contention {
+    /// Context of the waiter, at the end of the wait (`ts_ns` is when it got the lock).
+    #[serde(flatten)]
+    pub ctx: Ctx,
+    /// Address of the lock (kernel-image address for global locks, heap for per-node ones).
+    pub lock: KAddr,
+    /// `LCB_F_*` bits of `contention_begin`: 1 spin, 2 read, 4 write, 8 rt, 16 percpu, 32 mutex.
+    pub flags: u32,
+    /// Nanoseconds from `contention_begin` to `contention_end`.
+    pub wait_ns: u64,
+    /// `ret` of `contention_end`: 0, or a negative errno when a sleeping wait was interrupted.
+    pub ret: i32,
+    pub class: LockClass,
+    /// vmap node of a per-node lock, when known (see docs/trace-format.md); `null` otherwise.
+    pub node: Option<u32>,
+    /// Id in the kernel stack map; negative errno when the stack could not be stored.
+    pub stack_id: i64,
+    /// Kernel stack, innermost frame first, as `symbol+0xoff`; empty when `stack_id` < 0.
+    pub stack: Vec<String>,
+}
+
+/// One execution of a vmap purge work item (`drain_vmap_area_work` or `purge_vmap_node`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Work {
+    /// Context at the end of the work item.
+    #[serde(flatten)]
+    pub ctx: Ctx,
+    /// `drain_vmap_area_work` or `purge_vmap_node`.
+    pub function: String,
+    pub function_addr: KAddr,
+    /// The `work_struct` (tracepoint rung) or the `vmap_node` (fentry/kprobe rungs).
+    pub work: KAddr,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub start_cpu: u32,
+    /// `vn->nr_purged` after `purge_vmap_node` (fexit rung only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nr_purged: Option<u64>,
+}
+
+/// Level of a kernel page-table page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PtLevel {
+    Pte,
+    Pmd,
+    Pud,
+    P4d,
+}
+
+/// One kernel page-table page allocated while mapping vmalloc space.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtPage {
+    #[serde(flatten)]
+    pub ctx: Ctx,
+    pub level: PtLevel,
+    /// Page frame number (tracepoint rung); on the fentry/kprobe rungs the address of the
+    /// parent entry being filled.
+    pub pfn: u64,
+    pub order: u32,
+}
+
+/// Entry-to-exit latency of one `alloc_vmap_area` call (fentry/kprobe rungs only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Latency {
+    #[serde(flatten)]
+    pub ctx: Ctx,
+    pub function: String,
+    pub start_ns: u64,
+    pub latency_ns: u64,
+}
+
+/// One `/proc/meminfo` sample (1 Hz by default).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meminfo {
+    /// CLOCK_BOOTTIME when the file was read.
+    pub ts_ns: u64,
+    pub page_tables_kb: u64,
+    pub vmalloc_used_kb: u64,
+}
+
+/// Counts of the ladder's event kinds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LadderCounts {
+    pub contention: u64,
+    pub work: u64,
+    pub pt_page: u64,
+    pub latency: u64,
+}
+
+/// Per-class totals of the contention events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassTotal {
+    pub class: LockClass,
+    pub count: u64,
+    pub wait_ns: u64,
+}
+
+/// Accounting of the ladder probes (lock waits, purge work, page tables, backing pages).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LadderStats {
+    pub events: LadderCounts,
+    pub lost: LadderCounts,
+    /// `bpf_get_stackid` failures (stack map full or bucket taken).
+    pub stack_map_failures: u64,
+    /// `bpf_get_stack` failures in the in-kernel filters.
+    pub stack_read_failures: u64,
+    /// Contentions dropped in the kernel because no vmap function was on the stack.
+    pub contention_filtered: u64,
+    /// Contention begins ignored because a wait was already pending on that CPU or task.
+    pub contention_nested: u64,
+    /// `mm_page_alloc` hits that passed the gfp pre-filter and had their stack walked.
+    pub page_stack_walks: u64,
+    /// Work-item ends whose start was not seen.
+    pub work_unmatched_end: u64,
+    /// Count and total wait per lock class, every class listed.
+    pub contention_by_class: Vec<ClassTotal>,
+    /// Backing-page allocations on the vmalloc path by order (index = order; the last slot
+    /// also counts larger orders).
+    pub backing_page_orders: Vec<u64>,
+    /// `purge` events from a `drain_vmap_area_work` worker, and how many of them fell inside a
+    /// recorded work item of the same task.
+    pub purges_from_work: u64,
+    pub purges_matched: u64,
+}
+
 /// Why recording stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -204,6 +401,9 @@ pub struct Footer {
     /// recording); absent otherwise. For each probe, run_count = events + lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_run_stats: Option<Vec<ProbeRunStats>>,
+    /// Accounting of the ladder probes; absent in traces from before them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ladder: Option<LadderStats>,
 }
 
 /// The kernel's accounting of one BPF program (`bpf_prog_info.run_cnt`, `run_time_ns`).
@@ -235,6 +435,11 @@ impl Record {
             Record::Alloc(e) => Some(e.ctx.ts_ns),
             Record::Free(e) => Some(e.ctx.ts_ns),
             Record::Purge(e) => Some(e.ctx.ts_ns),
+            Record::Contention(e) => Some(e.ctx.ts_ns),
+            Record::Work(e) => Some(e.ctx.ts_ns),
+            Record::PtPage(e) => Some(e.ctx.ts_ns),
+            Record::Latency(e) => Some(e.ctx.ts_ns),
+            Record::Meminfo(e) => Some(e.ts_ns),
             _ => None,
         }
     }

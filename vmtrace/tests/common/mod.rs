@@ -43,11 +43,23 @@ fn compile(schema: &Value) -> jsonschema::Validator {
 }
 
 /// Record kinds, i.e. the values of `type` and the `$defs` entries that describe them.
-pub const KINDS: [&str; 6] = ["header", "vmallocinfo", "alloc", "free", "purge", "footer"];
+pub const KINDS: [&str; 11] = [
+    "header",
+    "vmallocinfo",
+    "alloc",
+    "free",
+    "purge",
+    "contention",
+    "work",
+    "pt_page",
+    "latency",
+    "meminfo",
+    "footer",
+];
 
 /// Validates one parsed line and returns readable errors (empty when valid).
 ///
-/// The top-level schema is a `oneOf` over the six kinds, whose failure message only says that no
+/// The top-level schema is a `oneOf` over the record kinds, whose failure message only says that no
 /// branch matched; for a line with a known `type` the errors are recomputed against that kind's
 /// schema alone, so they name the offending member (`"typo" was unexpected`, `"size" is a required
 /// property`, …).

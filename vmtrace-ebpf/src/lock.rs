@@ -1,0 +1,204 @@
+//! Lock waits on vmap paths: `lock:contention_begin` / `lock:contention_end`
+//! (`include/trace/events/lock.h`, since v5.19; checked on 6.18), and the same logic on the
+//! richer rungs (entry/exit of the queued-spinlock slow path) for kernels that allow them.
+//!
+//! Only waits whose kernel stack passes through a vmap function (`LOCK_RANGES`, resolved from
+//! `/proc/kallsyms` by user space) are kept: the filter runs at `contention_begin`, so unrelated
+//! contention costs one stack walk and leaves no state behind. A wait is timed from a pending
+//! slot: per CPU for pure spinlocks (the waiter cannot migrate while it spins), per task for
+//! sleeping locks (a mutex waiter may wake on another CPU) — the split `perf lock contention`
+//! makes for the same reason.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::{
+        tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
+        TracePointContext,
+    },
+    EbpfContext, Global,
+};
+use vmtrace_common::{contention as c, counter, kind, RangeSet, TpLayout, MAX_FIELDS};
+
+use crate::maps::{bump, emit_values, global_ptr, now_ns, read_field, stack_hits, STACKS};
+
+/// `lock_addr, flags`.
+#[unsafe(no_mangle)]
+static LOCK_BEGIN_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// `lock_addr, ret`.
+#[unsafe(no_mangle)]
+static LOCK_END_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// The vmap functions a kept wait's stack must pass through.
+#[unsafe(no_mangle)]
+static LOCK_RANGES: Global<RangeSet> = Global::new(RangeSet::EMPTY);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Pending {
+    begin_ns: u64,
+    lock: u64,
+    flags: u64,
+    stack_id: i64,
+    matched: u64,
+}
+
+/// Pending spinlock waits, one per CPU (`lock == 0`: none).
+#[map]
+static PENDING_CPU: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
+
+/// Pending sleeping-lock waits, by thread id.
+#[map]
+static PENDING_TASK: HashMap<u32, Pending> = HashMap::with_max_entries(4096, 0);
+
+#[inline(always)]
+fn begin_wait<C: EbpfContext + StackIdContext>(ctx: &C, lock: u64, flags: u64) {
+    let per_cpu = flags & (c::F_SPIN | c::F_MUTEX) == c::F_SPIN;
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if per_cpu {
+        if let Some(p) = PENDING_CPU.get_ptr(0) {
+            // SAFETY: this CPU's slot.
+            if unsafe { (*p).lock } != 0 {
+                bump(counter::CONTENTION_NESTED);
+                return;
+            }
+        }
+    } else if PENDING_TASK.get_ptr(tid).is_some() {
+        // A mutex reports a spinning phase and then a sleeping phase: keep the first begin.
+        bump(counter::CONTENTION_NESTED);
+        return;
+    }
+    let Some(matched) = stack_hits(ctx, global_ptr(&LOCK_RANGES)) else {
+        bump(counter::CONTENTION_FILTERED);
+        return;
+    };
+    let stack_id = match ctx.get_stackid(&STACKS, 0) {
+        Ok(id) => id,
+        Err(e) => {
+            bump(counter::STACK_MAP_FAIL);
+            e as i64
+        }
+    };
+    let pending = Pending {
+        begin_ns: now_ns(),
+        lock,
+        flags,
+        stack_id,
+        matched,
+    };
+    if per_cpu {
+        if let Some(p) = PENDING_CPU.get_ptr_mut(0) {
+            // SAFETY: this CPU's slot.
+            unsafe { *p = pending };
+        }
+    } else {
+        let _ = PENDING_TASK.insert(tid, pending, 0);
+    }
+}
+
+#[inline(always)]
+fn end_wait<C: EbpfContext>(ctx: &C, lock: u64, ret: u64) -> Result<(), i32> {
+    let mut found = None;
+    if let Some(p) = PENDING_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot.
+        unsafe {
+            if (*p).lock == lock && lock != 0 {
+                found = Some(*p);
+                (*p).lock = 0;
+            }
+        }
+    }
+    if found.is_none() {
+        let tid = bpf_get_current_pid_tgid() as u32;
+        if let Some(p) = PENDING_TASK.get_ptr(tid) {
+            // SAFETY: a map value pointer, valid until the delete below.
+            let p = unsafe { *p };
+            if p.lock == lock {
+                found = Some(p);
+                let _ = PENDING_TASK.remove(tid);
+            }
+        }
+    }
+    let Some(p) = found else {
+        return Ok(());
+    };
+    let now = now_ns();
+    let mut v = [0u64; MAX_FIELDS];
+    v[c::LOCK] = p.lock;
+    v[c::FLAGS] = p.flags;
+    v[c::WAIT_NS] = now.saturating_sub(p.begin_ns);
+    v[c::STACK_ID] = p.stack_id as u64;
+    v[c::BEGIN_NS] = p.begin_ns;
+    v[c::RET] = ret;
+    v[c::MATCHED] = p.matched;
+    emit_values(ctx, kind::CONTENTION, &v)
+}
+
+#[tracepoint(category = "lock", name = "contention_begin")]
+pub fn lock_contention_begin(ctx: TracePointContext) -> u32 {
+    let layout = LOCK_BEGIN_LAYOUT.load();
+    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let flags = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    if lock != 0 {
+        begin_wait(&ctx, lock, flags);
+    }
+    0
+}
+
+#[tracepoint(category = "lock", name = "contention_end")]
+pub fn lock_contention_end(ctx: TracePointContext) -> u32 {
+    let layout = LOCK_END_LAYOUT.load();
+    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let ret = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    match end_wait(&ctx, lock, ret) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+// Richer rungs: entry and exit of the queued-spinlock slow path (`__pv_queued_spin_lock_slowpath`
+// or `native_queued_spin_lock_slowpath`, chosen by user space at load/attach time). They see
+// spinlocks only (the mutex slow path has its own tracepoints), so the tracepoint rung is what
+// covers `vmap_purge_lock`.
+
+#[fentry]
+pub fn fentry_spin_slowpath(ctx: FEntryContext) -> u32 {
+    let lock: u64 = ctx.arg(0);
+    begin_wait(&ctx, lock, c::F_SPIN);
+    0
+}
+
+#[fexit]
+pub fn fexit_spin_slowpath(ctx: FExitContext) -> u32 {
+    let lock: u64 = ctx.arg(0);
+    match end_wait(&ctx, lock, 0) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+#[kprobe]
+pub fn kprobe_spin_slowpath(ctx: ProbeContext) -> u32 {
+    if let Some(lock) = ctx.arg::<u64>(0) {
+        begin_wait(&ctx, lock, c::F_SPIN);
+    }
+    0
+}
+
+/// A kretprobe cannot see the argument, but the slow path runs with preemption off, so the
+/// per-CPU pending slot is the one the matching entry filled.
+#[kretprobe]
+pub fn kretprobe_spin_slowpath(ctx: RetProbeContext) -> u32 {
+    let lock = PENDING_CPU
+        .get_ptr(0)
+        // SAFETY: this CPU's slot.
+        .map(|p| unsafe { (*p).lock })
+        .unwrap_or(0);
+    if lock == 0 {
+        return 0;
+    }
+    match end_wait(&ctx, lock, 0) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}

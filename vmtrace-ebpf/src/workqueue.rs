@@ -1,0 +1,157 @@
+//! Purge work: `workqueue:workqueue_execute_start` / `_end` (`include/trace/events/workqueue.h`;
+//! checked on 6.18) filtered in the kernel to the vmap work functions (`drain_vmap_area_work`,
+//! `purge_vmap_node`, addresses from `/proc/kallsyms`), and on the richer rungs entry/exit of
+//! `purge_vmap_node` itself with `vn->nr_purged` read at the offset BTF gives.
+//!
+//! The start is keyed by the work item's address, not by CPU: a work item on an unbound
+//! workqueue may be picked up by a worker that later migrates.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    maps::HashMap,
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext, Global,
+};
+use vmtrace_common::{counter, kind, work as w, TpLayout, MAX_FIELDS};
+
+use crate::maps::{bump, emit_values, now_ns, read_field, this_cpu};
+
+/// `work, function`.
+#[unsafe(no_mangle)]
+static WQ_START_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// `work, function`.
+#[unsafe(no_mangle)]
+static WQ_END_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// Addresses of `drain_vmap_area_work` and `purge_vmap_node` (0 = absent).
+#[unsafe(no_mangle)]
+static WORK_FUNCS: Global<[u64; 2]> = Global::new([0; 2]);
+/// Byte offset of `nr_purged` in `struct vmap_node` (BTF), for the fexit rung; `u64::MAX` if
+/// unknown.
+#[unsafe(no_mangle)]
+static NR_PURGED_OFFSET: Global<u64> = Global::new(u64::MAX);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Started {
+    ts: u64,
+    cpu: u64,
+}
+
+#[map]
+static WORK_START: HashMap<u64, Started> = HashMap::with_max_entries(1024, 0);
+
+/// Purge-node calls in flight on the richer rungs, by thread id: `(vn, start)`.
+#[map]
+static NODE_START: HashMap<u32, [u64; 3]> = HashMap::with_max_entries(1024, 0);
+
+#[inline(always)]
+fn is_vmap_work(function: u64) -> bool {
+    let f = WORK_FUNCS.load();
+    function != 0 && (function == f[0] || function == f[1])
+}
+
+#[tracepoint(category = "workqueue", name = "workqueue_execute_start")]
+pub fn workqueue_execute_start(ctx: TracePointContext) -> u32 {
+    let layout = WQ_START_LAYOUT.load();
+    let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    if !is_vmap_work(function) {
+        return 0;
+    }
+    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let s = Started {
+        ts: now_ns(),
+        cpu: this_cpu(),
+    };
+    let _ = WORK_START.insert(work, s, 0);
+    0
+}
+
+#[tracepoint(category = "workqueue", name = "workqueue_execute_end")]
+pub fn workqueue_execute_end(ctx: TracePointContext) -> u32 {
+    let layout = WQ_END_LAYOUT.load();
+    let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    if !is_vmap_work(function) {
+        return 0;
+    }
+    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    // SAFETY: map value copied out before the delete.
+    let Some(s) = (unsafe { WORK_START.get(work) }).copied() else {
+        bump(counter::WORK_UNMATCHED_END);
+        return 0;
+    };
+    let _ = WORK_START.remove(work);
+    let mut v = [0u64; MAX_FIELDS];
+    v[w::WORK] = work;
+    v[w::FUNCTION] = function;
+    v[w::START_NS] = s.ts;
+    v[w::DURATION_NS] = now_ns().saturating_sub(s.ts);
+    v[w::START_CPU] = s.cpu;
+    v[w::NR_PURGED] = u64::MAX;
+    match emit_values(&ctx, kind::WORK, &v) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+#[inline(always)]
+fn node_enter(vn: u64) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let v = [vn, now_ns(), this_cpu()];
+    let _ = NODE_START.insert(tid, v, 0);
+}
+
+#[inline(always)]
+fn node_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: map value copied out before the delete.
+    let Some(s) = (unsafe { NODE_START.get(tid) }).copied() else {
+        return Ok(());
+    };
+    let _ = NODE_START.remove(tid);
+    let off = NR_PURGED_OFFSET.load();
+    let nr_purged = if off == u64::MAX || s[0] == 0 {
+        u64::MAX
+    } else {
+        // SAFETY: a kernel pointer the kernel passed to purge_vmap_node; a bad read is an error.
+        unsafe { bpf_probe_read_kernel((s[0] + off) as *const u64) }.unwrap_or(u64::MAX)
+    };
+    let mut v = [0u64; MAX_FIELDS];
+    v[w::WORK] = s[0];
+    v[w::FUNCTION] = WORK_FUNCS.load()[1];
+    v[w::START_NS] = s[1];
+    v[w::DURATION_NS] = now_ns().saturating_sub(s[1]);
+    v[w::START_CPU] = s[2];
+    v[w::NR_PURGED] = nr_purged;
+    emit_values(ctx, kind::WORK, &v)
+}
+
+/// `purge_vmap_node(struct work_struct *work)`: `work` is `&vn->purge_work`, so user space
+/// subtracts that member's BTF offset to get the node.
+#[fentry(function = "purge_vmap_node")]
+pub fn fentry_purge_vmap_node(ctx: FEntryContext) -> u32 {
+    node_enter(ctx.arg(0));
+    0
+}
+
+#[fexit(function = "purge_vmap_node")]
+pub fn fexit_purge_vmap_node(ctx: FExitContext) -> u32 {
+    match node_exit(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+#[kprobe]
+pub fn kprobe_purge_vmap_node(ctx: ProbeContext) -> u32 {
+    node_enter(ctx.arg(0).unwrap_or(0));
+    0
+}
+
+#[kretprobe]
+pub fn kretprobe_purge_vmap_node(ctx: RetProbeContext) -> u32 {
+    match node_exit(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}

@@ -1,0 +1,332 @@
+//! The strategy ladder: for each logical probe, try fentry/fexit, then kprobe/kretprobe, then
+//! the tracepoint rung, and remember why each richer rung was refused.
+//!
+//! Availability is detected, never assumed: kernel BTF (`/sys/kernel/btf/vmlinux`), kprobe
+//! support (`/sys/bus/event_source/devices/kprobe` or `<tracefs>/kprobe_events`), and a trial
+//! load (and for kprobes a trial attach) of the real program from the embedded object. On the
+//! reference kernel fentry loads fail with EPERM and `CONFIG_KPROBES` is off, so every probe
+//! lands on its tracepoint rung; test boxes that allow more get the richer rungs.
+
+use std::path::Path;
+
+use aya::{
+    programs::{FEntry, FExit, KProbe},
+    Btf, Ebpf, EbpfLoader,
+};
+use vmtrace_common::names;
+
+use crate::host::kallsyms::Kallsyms;
+
+/// A rung of the ladder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rung {
+    Fentry,
+    Kprobe,
+    Tracepoint,
+    /// Nothing could attach (or, for allocation latency, no rung below kprobe can measure it).
+    None,
+}
+
+impl Rung {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rung::Fentry => "fentry",
+            Rung::Kprobe => "kprobe",
+            Rung::Tracepoint => "tracepoint",
+            Rung::None => "none",
+        }
+    }
+}
+
+/// One BPF program of a rung and where it goes.
+#[derive(Clone, Copy, Debug)]
+pub struct ProgSpec {
+    pub program: &'static str,
+    /// Kernel function (fentry/kprobe rungs), or `category:name` (tracepoint rung).
+    pub target: &'static str,
+    /// fexit / kretprobe rather than fentry / kprobe.
+    pub ret: bool,
+}
+
+/// A logical probe and its programs on each rung.
+#[derive(Clone, Copy, Debug)]
+pub struct Logical {
+    pub name: &'static str,
+    pub fentry: &'static [ProgSpec],
+    pub kprobe: &'static [ProgSpec],
+    pub tracepoint: &'static [ProgSpec],
+    /// Said in the header when the tracepoint rung is chosen and it lacks something.
+    pub tracepoint_note: Option<&'static str>,
+}
+
+/// Placeholder target resolved from kallsyms: the queued-spinlock slow path is
+/// `__pv_queued_spin_lock_slowpath` on paravirt kernels, `native_queued_spin_lock_slowpath`
+/// elsewhere.
+pub const SPIN_SLOWPATH: &str = "<spin slowpath>";
+
+const fn p(program: &'static str, target: &'static str, ret: bool) -> ProgSpec {
+    ProgSpec {
+        program,
+        target,
+        ret,
+    }
+}
+
+pub const NO_LATENCY: &str = "n/a: no latency without fentry/kprobe";
+
+pub const LOGICAL: [Logical; 5] = [
+    Logical {
+        name: "lock_waits",
+        fentry: &[
+            p(names::PROG_FENTRY_SPIN, SPIN_SLOWPATH, false),
+            p(names::PROG_FEXIT_SPIN, SPIN_SLOWPATH, true),
+        ],
+        kprobe: &[
+            p(names::PROG_KPROBE_SPIN, SPIN_SLOWPATH, false),
+            p(names::PROG_KRETPROBE_SPIN, SPIN_SLOWPATH, true),
+        ],
+        tracepoint: &[
+            p(names::PROG_LOCK_BEGIN, "lock:contention_begin", false),
+            p(names::PROG_LOCK_END, "lock:contention_end", false),
+        ],
+        tracepoint_note: None,
+    },
+    Logical {
+        name: "purge_work",
+        fentry: &[
+            p(names::PROG_FENTRY_PURGE_NODE, "purge_vmap_node", false),
+            p(names::PROG_FEXIT_PURGE_NODE, "purge_vmap_node", true),
+        ],
+        kprobe: &[
+            p(names::PROG_KPROBE_PURGE_NODE, "purge_vmap_node", false),
+            p(names::PROG_KRETPROBE_PURGE_NODE, "purge_vmap_node", true),
+        ],
+        tracepoint: &[
+            p(
+                names::PROG_WQ_START,
+                "workqueue:workqueue_execute_start",
+                false,
+            ),
+            p(names::PROG_WQ_END, "workqueue:workqueue_execute_end", false),
+        ],
+        tracepoint_note: Some("per work item, not per node; no nr_purged"),
+    },
+    Logical {
+        name: "page_tables",
+        fentry: &[p(names::PROG_FENTRY_PTE, "__pte_alloc_kernel", false)],
+        kprobe: &[p(names::PROG_KPROBE_PTE, "__pte_alloc_kernel", false)],
+        tracepoint: &[p(names::PROG_PAGE_ALLOC, "kmem:mm_page_alloc", false)],
+        tracepoint_note: Some("level and time, no virtual address"),
+    },
+    Logical {
+        name: "backing_pages",
+        fentry: &[],
+        kprobe: &[],
+        tracepoint: &[p(names::PROG_PAGE_ALLOC, "kmem:mm_page_alloc", false)],
+        tracepoint_note: Some(
+            "order histogram in the footer; bulk order-0 allocations that bypass the \
+             mm_page_alloc tracepoint are not counted",
+        ),
+    },
+    Logical {
+        name: "alloc_latency",
+        fentry: &[
+            p(names::PROG_FENTRY_ALLOC, "alloc_vmap_area", false),
+            p(names::PROG_FEXIT_ALLOC, "alloc_vmap_area", true),
+        ],
+        kprobe: &[
+            p(names::PROG_KPROBE_ALLOC, "alloc_vmap_area", false),
+            p(names::PROG_KRETPROBE_ALLOC, "alloc_vmap_area", true),
+        ],
+        tracepoint: &[],
+        tracepoint_note: Some(NO_LATENCY),
+    },
+];
+
+/// What the detection found for one logical probe.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    pub logical: Logical,
+    pub rung: Rung,
+    /// `(rung, reason)` for each rung refused above the chosen one.
+    pub refused: Vec<(Rung, String)>,
+}
+
+/// Resolves a program target (the spin slow-path placeholder) against kallsyms.
+pub fn resolve_target(target: &'static str, ksyms: Option<&Kallsyms>) -> String {
+    if target != SPIN_SLOWPATH {
+        return target.to_string();
+    }
+    let pv = "__pv_queued_spin_lock_slowpath";
+    match ksyms {
+        Some(k) if k.addr_of(pv).is_some() => pv.into(),
+        _ => "native_queued_spin_lock_slowpath".into(),
+    }
+}
+
+/// Why kprobes cannot be used at all here, if that can be told without trying.
+pub fn kprobe_unavailable(tracefs: Option<&Path>) -> Option<String> {
+    let pmu = Path::new("/sys/bus/event_source/devices/kprobe");
+    let events = tracefs.map(|t| t.join("kprobe_events"));
+    if pmu.exists() || events.as_ref().is_some_and(|e| e.exists()) {
+        return None;
+    }
+    Some(format!(
+        "kprobes not configured: no {} and no {} (CONFIG_KPROBES off)",
+        pmu.display(),
+        events
+            .map(|e| e.display().to_string())
+            .unwrap_or_else(|| "tracefs kprobe_events".into())
+    ))
+}
+
+/// Names an errno in a load/attach error chain so the reason is greppable (`EPERM`, …).
+pub fn describe_error(action: &str, e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    let errno = [
+        ("Operation not permitted", "EPERM"),
+        ("Permission denied", "EACCES"),
+        ("Invalid argument", "EINVAL"),
+        ("No such file or directory", "ENOENT"),
+        ("not supported", "EOPNOTSUPP"),
+        ("No such process", "ESRCH"),
+    ]
+    .iter()
+    .find(|(needle, _)| text.contains(needle))
+    .map(|(_, name)| *name);
+    match errno {
+        Some(name) => format!("{action} failed: {name} ({text})"),
+        None => format!("{action} failed: {text}"),
+    }
+}
+
+/// Tries each richer rung of every logical probe on a throw-away copy of the object.
+pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -> Vec<Choice> {
+    let btf_path = Path::new("/sys/kernel/btf/vmlinux");
+    let btf = if btf_path.exists() {
+        Btf::from_sys_fs().map_err(|e| describe_error("reading kernel BTF", &e))
+    } else {
+        Err(format!("no kernel BTF ({} missing)", btf_path.display()))
+    };
+    let kprobe_off = kprobe_unavailable(tracefs);
+    let mut trial: Option<Ebpf> = None;
+    let mut choices = Vec::new();
+    for logical in LOGICAL {
+        let mut refused = Vec::new();
+        let mut rung = None;
+        if logical.fentry.is_empty() {
+            refused.push((Rung::Fentry, "no fentry program for this probe".to_string()));
+        } else {
+            match &btf {
+                Err(reason) => refused.push((Rung::Fentry, reason.clone())),
+                Ok(btf) => match trial_fentry(object, &mut trial, logical.fentry, btf, ksyms) {
+                    Ok(()) => rung = Some(Rung::Fentry),
+                    Err(reason) => refused.push((Rung::Fentry, reason)),
+                },
+            }
+        }
+        if rung.is_none() {
+            if logical.kprobe.is_empty() {
+                refused.push((Rung::Kprobe, "no kprobe program for this probe".to_string()));
+            } else if let Some(reason) = &kprobe_off {
+                refused.push((Rung::Kprobe, reason.clone()));
+            } else {
+                match trial_kprobe(object, &mut trial, logical.kprobe, ksyms) {
+                    Ok(()) => rung = Some(Rung::Kprobe),
+                    Err(reason) => refused.push((Rung::Kprobe, reason)),
+                }
+            }
+        }
+        let rung = rung.unwrap_or(if logical.tracepoint.is_empty() {
+            Rung::None
+        } else {
+            Rung::Tracepoint
+        });
+        choices.push(Choice {
+            logical,
+            rung,
+            refused,
+        });
+    }
+    choices
+}
+
+fn trial_object<'a>(object: &[u8], trial: &'a mut Option<Ebpf>) -> Result<&'a mut Ebpf, String> {
+    if trial.is_none() {
+        let e = EbpfLoader::new()
+            .load(object)
+            .map_err(|e| describe_error("loading the probe object", &e))?;
+        *trial = Some(e);
+    }
+    trial
+        .as_mut()
+        .ok_or_else(|| "probe object not loaded".to_string())
+}
+
+fn trial_fentry(
+    object: &[u8],
+    trial: &mut Option<Ebpf>,
+    progs: &[ProgSpec],
+    btf: &Btf,
+    ksyms: Option<&Kallsyms>,
+) -> Result<(), String> {
+    let ebpf = trial_object(object, trial)?;
+    for spec in progs {
+        let target = resolve_target(spec.target, ksyms);
+        let prog = ebpf
+            .program_mut(spec.program)
+            .ok_or_else(|| format!("program {} missing from the object", spec.program))?;
+        let result = if spec.ret {
+            let p: &mut FExit = prog
+                .try_into()
+                .map_err(|e| describe_error("type check", &e))?;
+            p.load(&target, btf)
+        } else {
+            let p: &mut FEntry = prog
+                .try_into()
+                .map_err(|e| describe_error("type check", &e))?;
+            p.load(&target, btf)
+        };
+        match result {
+            Ok(()) | Err(aya::programs::ProgramError::AlreadyLoaded) => {}
+            Err(e) => {
+                let kind = if spec.ret { "fexit" } else { "fentry" };
+                return Err(describe_error(&format!("{kind} load on {target}"), &e));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn trial_kprobe(
+    object: &[u8],
+    trial: &mut Option<Ebpf>,
+    progs: &[ProgSpec],
+    ksyms: Option<&Kallsyms>,
+) -> Result<(), String> {
+    let ebpf = trial_object(object, trial)?;
+    for spec in progs {
+        let target = resolve_target(spec.target, ksyms);
+        let prog = ebpf
+            .program_mut(spec.program)
+            .ok_or_else(|| format!("program {} missing from the object", spec.program))?;
+        let p: &mut KProbe = prog
+            .try_into()
+            .map_err(|e| describe_error("type check", &e))?;
+        match p.load() {
+            Ok(()) | Err(aya::programs::ProgramError::AlreadyLoaded) => {}
+            Err(e) => return Err(describe_error(&format!("kprobe load on {target}"), &e)),
+        }
+        // The attach is the real test (no kprobe PMU, a blacklisted function); the link is
+        // dropped with the trial object.
+        p.attach(&target, 0)
+            .map_err(|e| describe_error(&format!("kprobe attach on {target}"), &e))?;
+    }
+    Ok(())
+}
