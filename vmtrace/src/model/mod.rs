@@ -633,6 +633,37 @@ impl Model {
         out
     }
 
+    /// The `vmap-node` shrinker (`vmap_node_shrink_scan`): every pool of every node fully
+    /// decayed into the free tree, under `vmap_purge_lock`. It emits no trace event. Returns the
+    /// objects returned.
+    pub fn shrink(&mut self) -> u32 {
+        self.locks.vmap_purge_lock += 1;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut n = 0;
+        for node in 0..self.params.layout.nr_nodes() {
+            scratch.clear();
+            let non_empty = self.pools.decay(node, true, &mut scratch);
+            for _ in 0..2 * non_empty {
+                LockCounts::bump(&mut self.locks.pool, node);
+            }
+            if !scratch.is_empty() {
+                self.locks.free_vmap_area_lock += 1;
+            }
+            for &(a, s) in &scratch {
+                let _ = self.free.release(a, s);
+            }
+            n += scratch.len() as u32;
+        }
+        self.scratch = scratch;
+        n
+    }
+
+    /// Whether `[addr, addr+size)` overlaps a pooled area (slow: replay diagnostics only).
+    pub fn overlaps_pooled(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        self.pools.iter().any(|(_, s, z)| s < end && addr < s + z)
+    }
+
     /// `node_pool_add_va` as called from `purge_vmap_node`.
     fn try_pool(&mut self, node: u32, addr: u64, area: LazyArea, full: bool) -> bool {
         if full || !self.params.variant.has_pools() {

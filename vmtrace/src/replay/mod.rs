@@ -184,6 +184,9 @@ pub struct Report {
     pub locks: crate::model::LockCounts,
     /// Purges applied before their event because the trace showed their effect first.
     pub early_purges: u64,
+    /// Full pool decays inferred from allocations inside pooled ranges (the vmap-node shrinker
+    /// emits no event).
+    pub shrinks_inferred: u64,
     pub pooled_objects_at_end: u64,
     pub lazy_pages_at_end: u64,
 }
@@ -276,6 +279,7 @@ struct Replayer<'o> {
     /// its effect before its event (an allocation of a purged area, a backlog that dropped).
     early: Option<crate::model::Purged>,
     early_purges: u64,
+    shrinks_inferred: u64,
     /// Areas the model does not manage (other windows, conflicting placements): start → size.
     outside: HashMap<u64, u64>,
     obs_slots: PageTableSlots,
@@ -312,6 +316,7 @@ impl<'o> Replayer<'o> {
             drain_pending: false,
             early: None,
             early_purges: 0,
+            shrinks_inferred: 0,
             outside: HashMap::new(),
             obs_slots: PageTableSlots::new(),
             pred_slots: PageTableSlots::new(),
@@ -540,7 +545,15 @@ impl<'o> Replayer<'o> {
         if let Some(g) = &pred_addr {
             let _ = self.model.undo_alloc(g);
         }
-        let claimed = self.model.claim(&req, addr);
+        let mut claimed = self.model.claim(&req, addr);
+        if claimed.is_err() && self.model.overlaps_pooled(addr, size) {
+            // The kernel had this range free while the model holds it pooled, and no purge came
+            // in between: the only path that empties pools without a trace event is the
+            // vmap-node shrinker, which decays every pool fully.
+            self.model.shrink();
+            self.shrinks_inferred += 1;
+            claimed = self.model.claim(&req, addr);
+        }
         let class = match (&pred_addr, &claimed) {
             (None, _) => "model-failed-kernel-succeeded",
             (_, Err(_)) => "observed-not-free-in-model",
@@ -742,6 +755,7 @@ impl<'o> Replayer<'o> {
             model: self.model.stats().clone(),
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
+            shrinks_inferred: self.shrinks_inferred,
             pooled_objects_at_end: self.model.pools().objects(),
             lazy_pages_at_end: self.model.lazy_pages(),
         }
