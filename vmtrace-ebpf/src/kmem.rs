@@ -5,10 +5,9 @@
 //!    plausible page-table pages (`__GFP_ZERO`, no `__GFP_ACCOUNT`) and plausible vmalloc
 //!    backing pages (`__GFP_HIGHMEM` added by `__vmalloc_area_node`, not `__GFP_MOVABLE`) pay for
 //!    a stack walk;
-//! 2. a stack filter: a page-table page is one whose stack passes through a kernel page-table
-//!    allocator (`PT_ALLOC_RANGES`, index = level) under a vmap mapping function
-//!    (`VMAP_MAP_RANGES`); a backing page is one under `VMALLOC_PAGE_RANGES` and no page-table
-//!    allocator.
+//! 2. for page-table candidates only, a stack filter: a page-table page is one whose stack
+//!    passes through a kernel page-table allocator (`PT_ALLOC_RANGES`, index = level) under a
+//!    vmap mapping function (`VMAP_MAP_RANGES`). Backing pages are counted on the gfp alone.
 //!
 //! Page-table pages become events; backing pages only bump a per-CPU order histogram.
 //! The richer rungs probe `__pte_alloc_kernel` itself.
@@ -59,9 +58,9 @@ pub fn kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
     if !pt && !back {
         return 0;
     }
-    bump(counter::PAGE_STACK_WALKS);
     let order = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
     if pt {
+        bump(counter::PAGE_STACK_WALKS);
         let (level, under_vmap) = stack_hits2(
             &ctx,
             global_ptr(&PT_ALLOC_RANGES),
@@ -80,21 +79,18 @@ pub fn kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
         }
         return 0;
     }
-    let (pt_level, under_vmalloc) = stack_hits2(
-        &ctx,
-        global_ptr(&PT_ALLOC_RANGES),
-        global_ptr(&VMALLOC_PAGE_RANGES),
-    );
-    if under_vmalloc && pt_level.is_none() {
-        let slot = if order < u64::from(MAX_ORDER_SLOTS) {
-            order as u32
-        } else {
-            MAX_ORDER_SLOTS - 1
-        };
-        if let Some(n) = BACKING_ORDERS.get_ptr_mut(slot) {
-            // SAFETY: per-CPU slot; programs run with migration disabled.
-            unsafe { *n += 1 };
-        }
+    // Backing pages are told by their gfp alone: `__vmalloc_area_node` adds `__GFP_HIGHMEM`
+    // (meaningless on 64-bit) and user pages carry `__GFP_MOVABLE`. A stack walk per backing
+    // page cost more than the rest of the probes together (thousands of pages per large
+    // vmalloc), so this path deliberately has none.
+    let slot = if order < u64::from(MAX_ORDER_SLOTS) {
+        order as u32
+    } else {
+        MAX_ORDER_SLOTS - 1
+    };
+    if let Some(n) = BACKING_ORDERS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot; programs run with migration disabled.
+        unsafe { *n += 1 };
     }
     0
 }
