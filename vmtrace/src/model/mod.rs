@@ -102,7 +102,9 @@ impl Params {
                 self.page_size
             )));
         }
-        if self.vmalloc_start % self.page_size != 0 || self.range_end() <= self.vmalloc_start {
+        if !self.vmalloc_start.is_multiple_of(self.page_size)
+            || self.range_end() <= self.vmalloc_start
+        {
             return Err(ModelError::BadParams(format!(
                 "VMALLOC range {:#x}..={:#x} is empty or not page aligned",
                 self.vmalloc_start, self.vmalloc_end
@@ -326,7 +328,10 @@ impl Model {
     }
 
     fn validate(&self, req: &AllocRequest) -> Result<(), ModelError> {
-        if req.size == 0 || req.size % self.params.page_size != 0 || !req.align.is_power_of_two() {
+        if req.size == 0
+            || !req.size.is_multiple_of(self.params.page_size)
+            || !req.align.is_power_of_two()
+        {
             return Err(ModelError::BadRequest {
                 size: req.size,
                 align: req.align,
@@ -488,7 +493,7 @@ impl Model {
 
     /// Seeds a lazily freed (`unpurged`) area from a snapshot.
     pub fn seed_lazy(&mut self, addr: u64, size: u64, tag: u32) -> Result<(), ModelError> {
-        if size == 0 || size % self.params.page_size != 0 {
+        if size == 0 || !size.is_multiple_of(self.params.page_size) {
             return Err(ModelError::BadRequest { size, align: 1 });
         }
         self.check_range(addr, size)?;

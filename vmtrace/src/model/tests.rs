@@ -56,7 +56,7 @@ fn oracle_fit(used: &[bool], pages: u64, align: u64) -> Option<u64> {
     let mut p = 0u64;
     while p + pages <= PAGES {
         // Alignment is of the absolute address.
-        if (base_page + p) % step != 0 {
+        if !(base_page + p).is_multiple_of(step) {
             p += 1;
             continue;
         }
