@@ -13,8 +13,8 @@
 //! The richer rungs probe `__pte_alloc_kernel` itself.
 
 use aya_ebpf::{
-    macros::{fentry, kprobe, tracepoint},
-    programs::{FEntryContext, ProbeContext, TracePointContext},
+    macros::{fentry, kprobe},
+    programs::{FEntryContext, ProbeContext},
     Global,
 };
 use vmtrace_common::{
@@ -44,55 +44,58 @@ static PAGE_FILTER: Global<PageFilter> = Global::new(PageFilter {
     back_exclude: 0,
 });
 
-#[tracepoint(category = "kmem", name = "mm_page_alloc")]
-pub fn kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
-    let layout = PAGE_ALLOC_LAYOUT.load();
-    let gfp = read_field(&ctx, &layout.fields[2]).unwrap_or(0);
-    let filter = PAGE_FILTER.load();
-    let pt = filter.pt_require != 0
-        && gfp & filter.pt_require == filter.pt_require
-        && gfp & filter.pt_exclude == 0;
-    let back = filter.back_require != 0
-        && gfp & filter.back_require == filter.back_require
-        && gfp & filter.back_exclude == 0;
-    if !pt && !back {
-        return 0;
-    }
-    let order = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-    if pt {
-        bump(counter::PAGE_STACK_WALKS);
-        let (level, under_vmap) = stack_hits2(
-            &ctx,
-            global_ptr(&PT_ALLOC_RANGES),
-            global_ptr(&VMAP_MAP_RANGES),
-        );
-        if let (Some(level), true) = (level, under_vmap) {
-            let mut v = [0u64; MAX_FIELDS];
-            v[p::LEVEL] = level;
-            v[p::PFN] = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-            v[p::GFP] = gfp;
-            v[p::ORDER] = order;
-            return match emit_values(&ctx, kind::PT_PAGE, &v) {
-                Ok(()) => 0,
-                Err(_) => 1,
-            };
+tracepoint_pass_on! {
+    "kmem",
+    "mm_page_alloc",
+    pub fn kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
+        let layout = PAGE_ALLOC_LAYOUT.load();
+        let gfp = read_field(&ctx, &layout.fields[2]).unwrap_or(0);
+        let filter = PAGE_FILTER.load();
+        let pt = filter.pt_require != 0
+            && gfp & filter.pt_require == filter.pt_require
+            && gfp & filter.pt_exclude == 0;
+        let back = filter.back_require != 0
+            && gfp & filter.back_require == filter.back_require
+            && gfp & filter.back_exclude == 0;
+        if !pt && !back {
+            return 0;
         }
-        return 0;
+        let order = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+        if pt {
+            bump(counter::PAGE_STACK_WALKS);
+            let (level, under_vmap) = stack_hits2(
+                &ctx,
+                global_ptr(&PT_ALLOC_RANGES),
+                global_ptr(&VMAP_MAP_RANGES),
+            );
+            if let (Some(level), true) = (level, under_vmap) {
+                let mut v = [0u64; MAX_FIELDS];
+                v[p::LEVEL] = level;
+                v[p::PFN] = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+                v[p::GFP] = gfp;
+                v[p::ORDER] = order;
+                return match emit_values(&ctx, kind::PT_PAGE, &v) {
+                    Ok(()) => 0,
+                    Err(_) => 1,
+                };
+            }
+            return 0;
+        }
+        // Backing pages are told by their gfp alone: `__vmalloc_area_node` adds `__GFP_HIGHMEM`
+        // (meaningless on 64-bit) and user pages carry `__GFP_MOVABLE`. A stack walk per backing
+        // page cost more than the rest of the probes together (thousands of pages per large
+        // vmalloc), so this path deliberately has none.
+        let slot = if order < u64::from(MAX_ORDER_SLOTS) {
+            order as u32
+        } else {
+            MAX_ORDER_SLOTS - 1
+        };
+        if let Some(n) = BACKING_ORDERS.get_ptr_mut(slot) {
+            // SAFETY: per-CPU slot; programs run with migration disabled.
+            unsafe { *n += 1 };
+        }
+        0
     }
-    // Backing pages are told by their gfp alone: `__vmalloc_area_node` adds `__GFP_HIGHMEM`
-    // (meaningless on 64-bit) and user pages carry `__GFP_MOVABLE`. A stack walk per backing
-    // page cost more than the rest of the probes together (thousands of pages per large
-    // vmalloc), so this path deliberately has none.
-    let slot = if order < u64::from(MAX_ORDER_SLOTS) {
-        order as u32
-    } else {
-        MAX_ORDER_SLOTS - 1
-    };
-    if let Some(n) = BACKING_ORDERS.get_ptr_mut(slot) {
-        // SAFETY: per-CPU slot; programs run with migration disabled.
-        unsafe { *n += 1 };
-    }
-    0
 }
 
 #[inline(always)]

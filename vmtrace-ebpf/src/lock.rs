@@ -11,11 +11,10 @@
 
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
-    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    macros::{fentry, fexit, kprobe, kretprobe, map},
     maps::{HashMap, PerCpuArray},
     programs::{
         tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
-        TracePointContext,
     },
     EbpfContext, Global,
 };
@@ -134,25 +133,31 @@ fn end_wait<C: EbpfContext>(ctx: &C, lock: u64, ret: u64) -> Result<(), i32> {
     emit_values(ctx, kind::CONTENTION, &v)
 }
 
-#[tracepoint(category = "lock", name = "contention_begin")]
-pub fn lock_contention_begin(ctx: TracePointContext) -> u32 {
-    let layout = LOCK_BEGIN_LAYOUT.load();
-    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-    let flags = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-    if lock != 0 {
-        begin_wait(&ctx, lock, flags);
+tracepoint_pass_on! {
+    "lock",
+    "contention_begin",
+    pub fn lock_contention_begin(ctx: TracePointContext) -> u32 {
+        let layout = LOCK_BEGIN_LAYOUT.load();
+        let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+        let flags = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+        if lock != 0 {
+            begin_wait(&ctx, lock, flags);
+        }
+        0
     }
-    0
 }
 
-#[tracepoint(category = "lock", name = "contention_end")]
-pub fn lock_contention_end(ctx: TracePointContext) -> u32 {
-    let layout = LOCK_END_LAYOUT.load();
-    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-    let ret = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-    match end_wait(&ctx, lock, ret) {
-        Ok(()) => 0,
-        Err(_) => 1,
+tracepoint_pass_on! {
+    "lock",
+    "contention_end",
+    pub fn lock_contention_end(ctx: TracePointContext) -> u32 {
+        let layout = LOCK_END_LAYOUT.load();
+        let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+        let ret = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+        match end_wait(&ctx, lock, ret) {
+            Ok(()) => 0,
+            Err(_) => 1,
+        }
     }
 }
 

@@ -8,9 +8,9 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
-    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    macros::{fentry, fexit, kprobe, kretprobe, map},
     maps::HashMap,
-    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
     EbpfContext, Global,
 };
 use vmtrace_common::{counter, kind, work as w, TpLayout, MAX_FIELDS};
@@ -51,46 +51,52 @@ fn is_vmap_work(function: u64) -> bool {
     function != 0 && (function == f[0] || function == f[1])
 }
 
-#[tracepoint(category = "workqueue", name = "workqueue_execute_start")]
-pub fn workqueue_execute_start(ctx: TracePointContext) -> u32 {
-    let layout = WQ_START_LAYOUT.load();
-    let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-    if !is_vmap_work(function) {
-        return 0;
+tracepoint_pass_on! {
+    "workqueue",
+    "workqueue_execute_start",
+    pub fn workqueue_execute_start(ctx: TracePointContext) -> u32 {
+        let layout = WQ_START_LAYOUT.load();
+        let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+        if !is_vmap_work(function) {
+            return 0;
+        }
+        let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+        let s = Started {
+            ts: now_ns(),
+            cpu: this_cpu(),
+        };
+        let _ = WORK_START.insert(work, s, 0);
+        0
     }
-    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-    let s = Started {
-        ts: now_ns(),
-        cpu: this_cpu(),
-    };
-    let _ = WORK_START.insert(work, s, 0);
-    0
 }
 
-#[tracepoint(category = "workqueue", name = "workqueue_execute_end")]
-pub fn workqueue_execute_end(ctx: TracePointContext) -> u32 {
-    let layout = WQ_END_LAYOUT.load();
-    let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-    if !is_vmap_work(function) {
-        return 0;
-    }
-    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-    // SAFETY: map value copied out before the delete.
-    let Some(s) = (unsafe { WORK_START.get(work) }).copied() else {
-        bump(counter::WORK_UNMATCHED_END);
-        return 0;
-    };
-    let _ = WORK_START.remove(work);
-    let mut v = [0u64; MAX_FIELDS];
-    v[w::WORK] = work;
-    v[w::FUNCTION] = function;
-    v[w::START_NS] = s.ts;
-    v[w::DURATION_NS] = now_ns().saturating_sub(s.ts);
-    v[w::START_CPU] = s.cpu;
-    v[w::NR_PURGED] = u64::MAX;
-    match emit_values(&ctx, kind::WORK, &v) {
-        Ok(()) => 0,
-        Err(_) => 1,
+tracepoint_pass_on! {
+    "workqueue",
+    "workqueue_execute_end",
+    pub fn workqueue_execute_end(ctx: TracePointContext) -> u32 {
+        let layout = WQ_END_LAYOUT.load();
+        let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+        if !is_vmap_work(function) {
+            return 0;
+        }
+        let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+        // SAFETY: map value copied out before the delete.
+        let Some(s) = (unsafe { WORK_START.get(work) }).copied() else {
+            bump(counter::WORK_UNMATCHED_END);
+            return 0;
+        };
+        let _ = WORK_START.remove(work);
+        let mut v = [0u64; MAX_FIELDS];
+        v[w::WORK] = work;
+        v[w::FUNCTION] = function;
+        v[w::START_NS] = s.ts;
+        v[w::DURATION_NS] = now_ns().saturating_sub(s.ts);
+        v[w::START_CPU] = s.cpu;
+        v[w::NR_PURGED] = u64::MAX;
+        match emit_values(&ctx, kind::WORK, &v) {
+            Ok(()) => 0,
+            Err(_) => 1,
+        }
     }
 }
 

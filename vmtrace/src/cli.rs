@@ -77,6 +77,14 @@ pub struct RecordArgs {
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub meminfo_interval: Option<Duration>,
 
+    /// Optional probes to attach besides the three vmalloc tracepoints, comma-separated:
+    /// lock_waits, purge_work, page_tables, backing_pages, alloc_latency, `all` or `none`.
+    /// page_tables and backing_pages hook kmem:mm_page_alloc, which fires for every page the
+    /// kernel allocates, so they cost the most (see docs/probes.md); `vmtrace probes` shows
+    /// which rung each would use here.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_PROBES)]
+    pub probes: Vec<String>,
+
     /// Command to run while recording, like `perf record -- cmd`. Recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -127,6 +135,37 @@ pub struct ProbesArgs {
     pub json: bool,
 }
 
+/// The optional probes `record` attaches unless told otherwise: the ones whose cost stays small
+/// next to the vmalloc tracepoints (measured in docs/probes.md).
+pub const DEFAULT_PROBES: &str = "lock_waits,purge_work,alloc_latency";
+
+impl RecordArgs {
+    /// `--probes` resolved to logical probe names, refusing unknown ones with the list of valid
+    /// names.
+    pub fn wanted_probes(&self) -> Result<Vec<&'static str>, String> {
+        let known = crate::probe::ladder::logical_names();
+        let mut wanted = Vec::new();
+        for name in &self.probes {
+            match name.trim() {
+                "all" => wanted.extend(known.iter().copied()),
+                "none" | "" => {}
+                other => match known.iter().find(|k| **k == other) {
+                    Some(k) => wanted.push(*k),
+                    None => {
+                        return Err(format!(
+                            "unknown probe `{other}` in --probes; valid: {}, all, none",
+                            known.join(", ")
+                        ))
+                    }
+                },
+            }
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        Ok(wanted)
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct SummaryArgs {
     /// Trace file to summarise (`-` for stdin).
@@ -169,5 +208,49 @@ mod tests {
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("ten").unwrap_err().contains("`ten`"));
         assert!(parse_duration("-1").is_err());
+    }
+}
+
+#[cfg(test)]
+mod probe_selection_tests {
+    use super::*;
+
+    fn record(args: &[&str]) -> RecordArgs {
+        let mut argv = vec!["vmtrace", "record"];
+        argv.extend_from_slice(args);
+        match Cli::parse_from(argv).command {
+            Command::Record(r) => r,
+            other => panic!("not a record command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn default_probes_leave_out_the_page_allocator_hooks() {
+        let wanted = record(&[]).wanted_probes().unwrap();
+        assert_eq!(wanted, ["alloc_latency", "lock_waits", "purge_work"]);
+        assert!(!wanted.contains(&"page_tables") && !wanted.contains(&"backing_pages"));
+    }
+
+    #[test]
+    fn all_none_and_lists() {
+        assert_eq!(
+            record(&["--probes", "all"]).wanted_probes().unwrap().len(),
+            5
+        );
+        assert!(record(&["--probes", "none"])
+            .wanted_probes()
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            record(&["--probes", "page_tables,lock_waits,page_tables"])
+                .wanted_probes()
+                .unwrap(),
+            ["lock_waits", "page_tables"]
+        );
+        let err = record(&["--probes", "locks"]).wanted_probes().unwrap_err();
+        assert!(
+            err.contains("`locks`") && err.contains("lock_waits"),
+            "{err}"
+        );
     }
 }

@@ -241,6 +241,7 @@ struct Calibration {
 }
 
 async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
+    let wanted = args.wanted_probes().map_err(anyhow::Error::msg)?;
     check_output(&args.output)?;
     let started = Instant::now();
     let facts = system::SystemFacts::read().context("reading kernel facts")?;
@@ -249,7 +250,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
-    let mut probes = LoadedProbes::load_and_attach(ring_bytes)?;
+    let mut probes = LoadedProbes::load_and_attach(ring_bytes, &wanted)?;
     let stats_at_start = crate::probe::loader::bpf_stats_enabled();
     let ring = probes.take_ring()?;
     // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.

@@ -57,7 +57,7 @@ fn record_contending_mix() -> (tempfile::TempDir, PathBuf) {
          {VMTRACE} stress thread-churn --threads 2 -d 4s >/dev/null; wait"
     );
     let status = Command::new(VMTRACE)
-        .args(["record", "-q", "-o"])
+        .args(["record", "-q", "--probes", "all", "-o"])
         .arg(&out)
         .args(["--", "sh", "-c", &mix])
         .status()
@@ -251,7 +251,7 @@ fn probes_table_and_header_give_the_refusal_reasons() {
 
     let (_dir, path) = tmp("h.jsonl");
     let st = Command::new(VMTRACE)
-        .args(["record", "-q", "-d", "0.2", "-o"])
+        .args(["record", "-q", "-d", "0.2", "--probes", "all", "-o"])
         .arg(&path)
         .status()
         .unwrap();
@@ -276,6 +276,8 @@ fn page_table_pages_follow_new_2mib_slots() {
         .args([
             "record",
             "-q",
+            "--probes",
+            "all",
             "-d",
             "60",
             "--meminfo-interval",

@@ -150,7 +150,17 @@ pub struct Choice {
     pub rung: Rung,
     /// `(rung, reason)` for each rung refused above the chosen one.
     pub refused: Vec<(Rung, String)>,
+    /// Left off because the user did not ask for it (`vmtrace record --probes`).
+    pub not_requested: bool,
 }
+
+/// Names of the optional logical probes, for `--probes` validation and help.
+pub fn logical_names() -> Vec<&'static str> {
+    LOGICAL.iter().map(|l| l.name).collect()
+}
+
+/// Why a probe is off when the user left it out.
+pub const NOT_REQUESTED: &str = "off: not requested (see `vmtrace record --probes`)";
 
 /// Resolves a program target (the spin slow-path placeholder) against kallsyms.
 pub fn resolve_target(target: &'static str, ksyms: Option<&Kallsyms>) -> String {
@@ -252,6 +262,7 @@ pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -
             logical,
             rung,
             refused,
+            not_requested: false,
         });
     }
     choices

@@ -341,7 +341,9 @@ pub fn page_filter(format_text: Option<&str>) -> PageFilter {
 impl LoadedProbes {
     /// Checks privileges, reads the tracepoint formats, loads the object with those layouts and
     /// attaches every program. Any failure is reported with what to do about it.
-    pub fn load_and_attach(ring_bytes: u64) -> Result<Self, ProbeError> {
+    /// `wanted` names the optional logical probes to attach (see [`ladder::logical_names`]); the
+    /// three vmalloc tracepoints are always attached.
+    pub fn load_and_attach(ring_bytes: u64, wanted: &[&str]) -> Result<Self, ProbeError> {
         if !host::system::bpf_capable()? {
             return Err(ProbeError::NoPrivilege);
         }
@@ -351,10 +353,10 @@ impl LoadedProbes {
         }
         raise_memlock();
         let tracefs = tracefs::locate()?;
-        Self::load_with(&tracefs, ring_bytes)
+        Self::load_with(&tracefs, ring_bytes, wanted)
     }
 
-    fn load_with(tracefs: &Path, ring_bytes: u64) -> Result<Self, ProbeError> {
+    fn load_with(tracefs: &Path, ring_bytes: u64, wanted: &[&str]) -> Result<Self, ProbeError> {
         let mut layouts = Vec::new();
         let mut infos = Vec::new();
         for spec in &TRACEPOINTS {
@@ -371,6 +373,12 @@ impl LoadedProbes {
             }
         };
         let mut choices = ladder::detect(PROBES_OBJECT, Some(tracefs), ksyms.as_ref());
+        for choice in &mut choices {
+            if !wanted.contains(&choice.logical.name) {
+                choice.rung = Rung::None;
+                choice.not_requested = true;
+            }
+        }
 
         // Tracepoint-rung inputs: layouts from tracefs, filter tables from kallsyms.
         let mut tp_missing: Vec<(String, String)> = Vec::new();
@@ -554,7 +562,10 @@ impl LoadedProbes {
             }
         }
         for choice in &choices {
-            if choice.rung == Rung::None && choice.logical.name != "alloc_latency" {
+            if choice.rung == Rung::None
+                && choice.logical.name != "alloc_latency"
+                && !choice.not_requested
+            {
                 eprintln!(
                     "vmtrace: warning: probe {} is off: {}",
                     choice.logical.name,
@@ -797,6 +808,7 @@ fn ladder_info(
     };
     let note = match choice.rung {
         Rung::Tracepoint => choice.logical.tracepoint_note.map(String::from),
+        Rung::None if choice.not_requested => Some(ladder::NOT_REQUESTED.into()),
         Rung::None if choice.logical.name == "alloc_latency" => Some(ladder::NO_LATENCY.into()),
         _ => None,
     };

@@ -21,7 +21,8 @@ pub fn run(args: &ProbesArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let infos = rt.block_on(async {
-        let mut probes = LoadedProbes::load_and_attach(RING_BYTES)?;
+        let mut probes =
+            LoadedProbes::load_and_attach(RING_BYTES, &super::ladder::logical_names())?;
         probes.detach();
         anyhow::Ok(probes.infos.clone())
     })?;
