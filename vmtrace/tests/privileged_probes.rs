@@ -4,6 +4,9 @@
 //! Run as root, one at a time: `cargo test --release -p vmtrace --test privileged_probes --
 //! --test-threads=1`. They print the measured numbers (`--nocapture` shows them).
 
+mod common;
+
+use common::privileged;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -11,18 +14,6 @@ use std::time::{Duration, Instant};
 use vmtrace::trace::{Footer, Header, LockClass, ProbeInfo, PtLevel, Record, TraceReader};
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
-
-fn privileged() -> bool {
-    let ok = vmtrace::host::system::bpf_capable().unwrap_or(false);
-    if !ok {
-        let msg = "needs root (CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN) to load BPF probes";
-        if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-            panic!("VMTRACE_REQUIRE_PRIVILEGED=1 but this test {msg}");
-        }
-        eprintln!("\n!!!!!!!! SKIPPED: this test {msg} !!!!!!!!\n");
-    }
-    ok
-}
 
 fn read_trace(path: &Path) -> (Header, Vec<Record>, Footer) {
     let file = std::fs::File::open(path).unwrap();

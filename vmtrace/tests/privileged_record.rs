@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::privileged;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,18 +17,6 @@ use std::time::{Duration, Instant};
 use vmtrace::trace::{Header, Record, StopReason, TraceReader};
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
-
-fn privileged() -> bool {
-    let ok = vmtrace::host::system::bpf_capable().unwrap_or(false);
-    if !ok {
-        let msg = "needs root (CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN) to load BPF probes";
-        if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-            panic!("VMTRACE_REQUIRE_PRIVILEGED=1 but this test {msg}");
-        }
-        eprintln!("\n!!!!!!!! SKIPPED: this test {msg} !!!!!!!!\n");
-    }
-    ok
-}
 
 /// Sets a sysctl for the test and puts the old value back on drop.
 struct Sysctl {

@@ -181,3 +181,18 @@ fn clip(text: &str) -> String {
     }
     format!("{}… ({} bytes)", &text[..end], text.len())
 }
+
+/// Whether this process may load BPF probes. Without privileges a test skips loudly, unless
+/// `VMTRACE_REQUIRE_PRIVILEGED=1` (set by `cargo xtask test` as root, as in CI), where it fails:
+/// CI is root on a real kernel, and a silent skip there would hide a regression.
+pub fn privileged() -> bool {
+    let ok = vmtrace::host::system::bpf_capable().unwrap_or(false);
+    if !ok {
+        let msg = "needs root (CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN) to load BPF probes";
+        if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+            panic!("VMTRACE_REQUIRE_PRIVILEGED=1 but this test {msg}");
+        }
+        eprintln!("\n!!!!!!!! SKIPPED: this test {msg} !!!!!!!!\n");
+    }
+    ok
+}
