@@ -47,6 +47,12 @@ pub enum Command {
     /// Snapshot, show, diff and watch /proc/allocinfo (memory allocation profiling).
     #[command(subcommand)]
     Allocinfo(crate::allocinfo::cli::AllocinfoCommand),
+    /// Watch vmalloc live in a terminal UI (rates, sizes, lazy backlog, nodes, footprint,
+    /// locks, callers, model), or replay a trace through it with --replay.
+    ///
+    /// Without privileges or BPF it replays the bundled sample trace, with a banner saying why.
+    /// When stdout is not a terminal (or with -b) it prints the screen as text every --interval.
+    Top(crate::tui::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -143,27 +149,33 @@ impl RecordArgs {
     /// `--probes` resolved to logical probe names, refusing unknown ones with the list of valid
     /// names.
     pub fn wanted_probes(&self) -> Result<Vec<&'static str>, String> {
-        let known = crate::probe::ladder::logical_names();
-        let mut wanted = Vec::new();
-        for name in &self.probes {
-            match name.trim() {
-                "all" => wanted.extend(known.iter().copied()),
-                "none" | "" => {}
-                other => match known.iter().find(|k| **k == other) {
-                    Some(k) => wanted.push(*k),
-                    None => {
-                        return Err(format!(
-                            "unknown probe `{other}` in --probes; valid: {}, all, none",
-                            known.join(", ")
-                        ))
-                    }
-                },
-            }
-        }
-        wanted.sort_unstable();
-        wanted.dedup();
-        Ok(wanted)
+        resolve_probes(&self.probes)
     }
+}
+
+/// A `--probes` list resolved to logical probe names (shared by `record` and `top`), refusing
+/// unknown ones with the list of valid names.
+pub fn resolve_probes(names: &[String]) -> Result<Vec<&'static str>, String> {
+    let known = crate::probe::ladder::logical_names();
+    let mut wanted = Vec::new();
+    for name in names {
+        match name.trim() {
+            "all" => wanted.extend(known.iter().copied()),
+            "none" | "" => {}
+            other => match known.iter().find(|k| **k == other) {
+                Some(k) => wanted.push(*k),
+                None => {
+                    return Err(format!(
+                        "unknown probe `{other}` in --probes; valid: {}, all, none",
+                        known.join(", ")
+                    ))
+                }
+            },
+        }
+    }
+    wanted.sort_unstable();
+    wanted.dedup();
+    Ok(wanted)
 }
 
 #[derive(Debug, Args)]

@@ -11,4 +11,5 @@ pub mod record;
 pub mod replay;
 pub mod summary;
 pub mod trace;
+pub mod tui;
 pub mod workload;

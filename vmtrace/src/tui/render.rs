@@ -1,0 +1,499 @@
+//! Drawing: one function per panel, all reading an [`App`] and doing no I/O.
+//!
+//! [`draw`] is generic over the ratatui `Backend`, so tests render into `TestBackend` and the
+//! batch mode (`top -b`) prints the same screen as text.
+
+use ratatui::backend::Backend;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Gauge, Paragraph, Sparkline, Wrap};
+use ratatui::{Frame, Terminal};
+
+use super::app::{size_label, App, Mode, Panel, SIZE_BUCKETS};
+use crate::trace::LockClass;
+
+/// Draws one frame.
+pub fn draw<B: Backend>(term: &mut Terminal<B>, app: &App) -> Result<(), B::Error> {
+    term.draw(|f| frame(f, app))?;
+    Ok(())
+}
+
+/// Lays out the whole screen.
+pub fn frame(f: &mut Frame, app: &App) {
+    let banner = app.info.as_ref().and_then(|i| i.banner.as_ref()).is_some();
+    let [head, body, foot] = Layout::vertical([
+        Constraint::Length(3 + u16::from(banner) + u16::from(app.ended.is_some())),
+        Constraint::Min(4),
+        Constraint::Length(1),
+    ])
+    .areas(f.area());
+    header(f, head, app);
+    if app.zoomed {
+        panel(f, body, app, app.focus);
+    } else {
+        let rows = Layout::vertical([
+            Constraint::Length(8),
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Min(6),
+        ])
+        .split(body);
+        let grid: [[Panel; 2]; 3] = [
+            [Panel::Rates, Panel::Lazy],
+            [Panel::Sizes, Panel::Nodes],
+            [Panel::Footprint, Panel::PageTables],
+        ];
+        for (row, panels) in rows.iter().zip(grid) {
+            let cols = Layout::horizontal([Constraint::Percentage(50); 2]).split(*row);
+            for (area, p) in cols.iter().zip(panels) {
+                panel(f, *area, app, p);
+            }
+        }
+        let [left, right] = Layout::horizontal([Constraint::Percentage(50); 2]).areas(rows[3]);
+        panel(f, left, app, Panel::Callers);
+        let [locks, model] =
+            Layout::vertical([Constraint::Fill(1), Constraint::Length(7)]).areas(right);
+        panel(f, locks, app, Panel::Locks);
+        panel(f, model, app, Panel::Model);
+    }
+    footer(f, foot, app);
+    if app.help {
+        help(f, f.area());
+    }
+}
+
+/// Draws one panel in its bordered block, highlighted when focused.
+pub fn panel(f: &mut Frame, area: Rect, app: &App, p: Panel) {
+    let style = if app.focus == p {
+        Style::default()
+            .fg(Color::Cyan)
+            .add_modifier(Modifier::BOLD)
+    } else {
+        Style::default()
+    };
+    let block = Block::bordered().title(p.title()).border_style(style);
+    let inner = block.inner(area);
+    f.render_widget(Clear, area);
+    f.render_widget(block, area);
+    match p {
+        Panel::Rates => rates(f, inner, app),
+        Panel::Sizes => sizes(f, inner, app),
+        Panel::Lazy => lazy(f, inner, app),
+        Panel::Nodes => nodes(f, inner, app),
+        Panel::Footprint => footprint(f, inner, app),
+        Panel::PageTables => page_tables(f, inner, app),
+        Panel::Locks => locks(f, inner, app),
+        Panel::Callers => callers(f, inner, app),
+        Panel::Model => model(f, inner, app),
+    }
+}
+
+/// Kernel, CPUs, nodes, probe rungs, lost events, mode and state.
+pub fn header(f: &mut Frame, area: Rect, app: &App) {
+    let mut lines = Vec::new();
+    let state = if app.paused {
+        format!(" PAUSED ({} held)", app.pending_records())
+    } else {
+        String::new()
+    };
+    match &app.info {
+        None => lines.push(Line::from("vmtrace top: waiting for the event source…")),
+        Some(i) => {
+            let mode = match &i.mode {
+                Mode::Live => "live".to_string(),
+                Mode::Replay { name, speed } => format!("replay {name} at {speed}x"),
+            };
+            let lost_style = if app.lost() > 0 {
+                Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)
+            } else {
+                Style::default()
+            };
+            lines.push(Line::from(vec![
+                Span::styled("vmtrace top", Style::default().add_modifier(Modifier::BOLD)),
+                Span::raw(format!(" | {mode} | window {}s | ", app.window_secs)),
+                Span::styled(format!("lost {}", app.lost()), lost_style),
+                Span::styled(state, Style::default().fg(Color::Yellow)),
+            ]));
+            lines.push(Line::from(format!(
+                "kernel {} | {} CPUs | {} vmap nodes (zone {}) | lazy_max_pages {}",
+                i.kernel,
+                i.cpus,
+                i.nodes,
+                bytes(i.zone_size),
+                i.lazy_max_pages
+            )));
+            let probes: Vec<String> = i
+                .probes
+                .iter()
+                .map(|p| {
+                    let name = p.logical.clone().unwrap_or_else(|| {
+                        p.probe.rsplit(':').next().unwrap_or(&p.probe).to_string()
+                    });
+                    format!("{name}={}", p.rung)
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            lines.push(Line::from(format!("probes: {}", probes.join(" "))));
+            if let Some(b) = &i.banner {
+                lines.push(Line::styled(
+                    format!(" {b} "),
+                    Style::default()
+                        .fg(Color::Black)
+                        .bg(Color::Yellow)
+                        .add_modifier(Modifier::BOLD),
+                ));
+            }
+        }
+    }
+    if let Some(e) = &app.ended {
+        lines.push(Line::styled(e.clone(), Style::default().fg(Color::Yellow)));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// Allocation, free and purge rates as sparklines over the time window.
+pub fn rates(f: &mut Frame, area: Rect, app: &App) {
+    let c = &app.c;
+    let rows = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+        Constraint::Fill(1),
+    ])
+    .split(area);
+    let w = (area.width as usize).min(app.window_secs);
+    let series = [
+        ("alloc", &c.alloc_rate, c.alloc, Color::Green),
+        ("free", &c.free_rate, c.free, Color::Blue),
+        ("purge", &c.purge_rate, c.purge, Color::Magenta),
+    ];
+    for (i, (name, s, total, color)) in series.into_iter().enumerate() {
+        let extra = if name == "alloc" && c.failed > 0 {
+            format!(", {} failed", c.failed)
+        } else {
+            String::new()
+        };
+        f.render_widget(
+            Paragraph::new(format!("{name:<5} {:>8}/s  total {total}{extra}", s.rate())),
+            rows[i * 2],
+        );
+        let data = s.last(w);
+        f.render_widget(
+            Sparkline::default()
+                .data(&data)
+                .style(Style::default().fg(color)),
+            rows[i * 2 + 1],
+        );
+    }
+}
+
+/// Allocation sizes in pages (guard page included), as horizontal bars.
+pub fn sizes(f: &mut Frame, area: Rect, app: &App) {
+    let max = app.c.sizes.iter().copied().max().unwrap_or(0).max(1);
+    let bar_w = (area.width as usize).saturating_sub(18).max(1);
+    let mut lines = Vec::new();
+    for b in 0..SIZE_BUCKETS {
+        let n = app.c.sizes[b];
+        if n == 0 && b > 0 && app.c.sizes[b..].iter().all(|&x| x == 0) {
+            break;
+        }
+        let len = (n as usize * bar_w).div_ceil(max as usize);
+        lines.push(Line::from(vec![
+            Span::raw(format!("{:>8} {:>7} ", size_label(b), n)),
+            Span::styled("█".repeat(len), Style::default().fg(Color::Green)),
+        ]));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// Lazy backlog against `lazy_max_pages`, with its peak per second and purge markers.
+pub fn lazy(f: &mut Frame, area: Rect, app: &App) {
+    let max = app.info.as_ref().map_or(0, |i| i.lazy_max_pages);
+    let rows = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+        Constraint::Length(1),
+    ])
+    .split(area);
+    let ratio = if max > 0 {
+        (app.lazy_pages as f64 / max as f64).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    f.render_widget(
+        Gauge::default()
+            .ratio(ratio)
+            .label(format!(
+                "{} / {} pages ({:.0}%)",
+                app.lazy_pages,
+                max,
+                ratio * 100.0
+            ))
+            .gauge_style(Style::default().fg(Color::Yellow)),
+        rows[0],
+    );
+    let w = (area.width as usize).min(app.window_secs);
+    let data = app.c.lazy_peak.last(w);
+    f.render_widget(
+        Sparkline::default()
+            .data(&data)
+            .max(max.max(1))
+            .style(Style::default().fg(Color::Yellow)),
+        rows[1],
+    );
+    // One column per second, aligned with the sparkline: `^` where a purge ran.
+    let first = app.now_sec + 1 - data.len() as u64;
+    let marks: String = (0..data.len() as u64)
+        .map(|i| {
+            if app.c.purge_marks.contains(&(first + i)) {
+                '^'
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(Line::styled(marks, Style::default().fg(Color::Magenta))),
+        rows[2],
+    );
+    f.render_widget(
+        Paragraph::new(format!(
+            "purges {} (^), {} objects purged",
+            app.c.purge, app.c.purged_objects
+        )),
+        rows[3],
+    );
+}
+
+/// Share of successful allocations per vmap node, node = (addr / zone_size) % nodes.
+pub fn nodes(f: &mut Frame, area: Rect, app: &App) {
+    let total: u64 = app.c.node_allocs.iter().sum();
+    let bar_w = (area.width as usize).saturating_sub(30).max(1);
+    let mut lines = Vec::new();
+    if let Some(i) = &app.info {
+        lines.push(Line::from(format!(
+            "node = (addr / {}) % {}",
+            bytes(i.zone_size),
+            i.nodes
+        )));
+    }
+    for (n, (&a, &b)) in app.c.node_allocs.iter().zip(&app.c.node_bytes).enumerate() {
+        let pct = if total > 0 {
+            100.0 * a as f64 / total as f64
+        } else {
+            0.0
+        };
+        let len = (pct / 100.0 * bar_w as f64).round() as usize;
+        lines.push(Line::from(vec![
+            Span::raw(format!("n{n:<3} {pct:>5.1}% {a:>7} {:>9} ", bytes(b))),
+            Span::styled("█".repeat(len), Style::default().fg(Color::Cyan)),
+        ]));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// Busy, lazy, the model's pooled estimate and the high-water mark of the VA footprint.
+pub fn footprint(f: &mut Frame, area: Rect, app: &App) {
+    let pooled = match &app.model {
+        Ok(m) => format!("{} objects (model, at trace end)", m.pooled_objects),
+        Err(why) => format!("n/a: {why}"),
+    };
+    let lines = vec![
+        Line::from(format!("busy        {:>10}", bytes(app.busy_bytes))),
+        Line::from(format!("lazy        {:>10}", bytes(app.lazy_bytes))),
+        Line::from(format!(
+            "busy+lazy   {:>10}",
+            bytes(app.busy_bytes + app.lazy_bytes)
+        )),
+        Line::from(format!("high-water  {:>10}", bytes(app.c.high_water))),
+        Line::from(format!("pooled      {pooled}")),
+    ];
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+}
+
+/// Page-table pages seen by the page_tables probe, meminfo PageTables, and the model's slots.
+pub fn page_tables(f: &mut Frame, area: Rect, app: &App) {
+    let mut lines = Vec::new();
+    let attached = app
+        .info
+        .as_ref()
+        .map_or(Err("no source yet".to_string()), |i| {
+            i.probe_attached("page_tables")
+        });
+    if app.c.pt_pages.is_empty() {
+        match attached {
+            Err(why) => lines.push(Line::from(format!("events: n/a: {why}"))),
+            Ok(()) => lines.push(Line::from("events: none yet")),
+        }
+    } else {
+        let v: Vec<String> = app
+            .c
+            .pt_pages
+            .iter()
+            .map(|(l, n)| format!("{l} {n}"))
+            .collect();
+        lines.push(Line::from(format!("observed pages: {}", v.join(", "))));
+    }
+    lines.push(Line::from(match app.meminfo_pt_kb {
+        Some(kb) => format!("meminfo PageTables {}", bytes(kb * 1024)),
+        None => "meminfo PageTables n/a: no sample".into(),
+    }));
+    match &app.model {
+        Ok(m) => {
+            lines.push(Line::from(format!("slots predicted {}", m.predicted_slots)));
+            lines.push(Line::from(format!("slots observed  {}", m.observed_slots)));
+        }
+        Err(why) => lines.push(Line::from(format!("slots predicted: n/a: {why}"))),
+    }
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+}
+
+/// Lock waits per vmap lock class (lock_waits probe).
+pub fn locks(f: &mut Frame, area: Rect, app: &App) {
+    let attached = app
+        .info
+        .as_ref()
+        .map_or(Err("no source yet".to_string()), |i| {
+            i.probe_attached("lock_waits")
+        });
+    let mut lines = Vec::new();
+    if app.c.locks.is_empty() {
+        match attached {
+            Err(why) => lines.push(Line::from(format!("n/a: {why}"))),
+            Ok(()) => lines.push(Line::from("no contention on vmap locks yet")),
+        }
+    } else {
+        lines.push(Line::from(format!(
+            "{:<16} {:>8} {:>12}",
+            "class", "waits", "total wait"
+        )));
+        for class in LockClass::ALL {
+            if let Some((n, ns)) = app.c.locks.get(&class) {
+                lines.push(Line::from(format!(
+                    "{:<16} {:>8} {:>12}",
+                    class.name(),
+                    n,
+                    nanos(*ns)
+                )));
+            }
+        }
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// Top callers by bytes from the last `/proc/vmallocinfo` snapshot.
+pub fn callers(f: &mut Frame, area: Rect, app: &App) {
+    let lines = match &app.callers {
+        Err(why) => vec![Line::from(format!("n/a: {why}"))],
+        Ok(v) => v
+            .iter()
+            .take(area.height as usize)
+            .map(|c| {
+                Line::from(format!(
+                    "{:>9} {:>5}  {}",
+                    bytes(c.bytes),
+                    c.areas,
+                    c.caller
+                ))
+            })
+            .collect(),
+    };
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// Placement agreement of the reference model with the kernel.
+pub fn model(f: &mut Frame, area: Rect, app: &App) {
+    let lines = match &app.model {
+        Err(why) => vec![Line::from(format!("n/a: {why}"))],
+        Ok(m) => vec![
+            Line::from(format!(
+                "placement {:.1}% of {}",
+                m.placement_pct, m.placement_compared
+            )),
+            Line::from(format!(
+                "nr_lazy {:.1}%  npurged {:.1}%",
+                m.nr_lazy_pct, m.npurged_pct
+            )),
+            Line::from(format!("high-water model  {}", m.predicted_high_water)),
+            Line::from(format!("high-water kernel {}", m.observed_high_water)),
+            Line::from(m.scope.clone()),
+        ],
+    };
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+}
+
+/// The key line at the bottom.
+pub fn footer(f: &mut Frame, area: Rect, app: &App) {
+    let zoom = if app.zoomed {
+        "Esc unzoom"
+    } else {
+        "Enter zoom"
+    };
+    f.render_widget(
+        Paragraph::new(format!(
+            "q quit  p pause  Tab/arrows focus ({})  {zoom}  +/- window  r reset  ? help",
+            app.focus.title()
+        ))
+        .style(Style::default().add_modifier(Modifier::DIM)),
+        area,
+    );
+}
+
+/// The `?` overlay.
+pub fn help(f: &mut Frame, area: Rect) {
+    let w = 60.min(area.width);
+    let h = 13.min(area.height);
+    let r = Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    };
+    let text = vec![
+        Line::from("q, Esc, Ctrl-C  quit"),
+        Line::from("p, space       pause / resume (data is held, not lost)"),
+        Line::from("Tab, arrows    move focus between panels"),
+        Line::from("Enter          zoom the focused panel (Esc to unzoom)"),
+        Line::from("+ / -          double / halve the time window"),
+        Line::from("r              reset counters, rates and histograms"),
+        Line::from("?              this help (any key closes it)"),
+        Line::from(""),
+        Line::from("Rates are per second of trace time; see docs/tui.md."),
+    ];
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(text).block(Block::bordered().title("help")),
+        r,
+    );
+}
+
+/// Bytes with a binary unit.
+pub fn bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < U.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[u])
+    }
+}
+
+fn nanos(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.2} ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.1} us", ns as f64 / 1e3)
+    }
+}

@@ -1,0 +1,403 @@
+//! Event sources: the probes (live) and a trace file (replay). Each runs on its own thread and
+//! sends [`Event`]s into the one channel the UI loop reads, so nothing after this module knows
+//! which one is running.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::app::{top_callers, Batch, Event, Mode, ModelView, SourceInfo};
+use crate::host::{meminfo, system, vmallocinfo};
+use crate::probe::contention::Classifier;
+use crate::probe::{decode, LoadedProbes};
+use crate::record::Reorder;
+use crate::trace::{Meminfo, Record, TraceReader};
+
+/// The trace `vmtrace top` plays when probes cannot attach: `vmtrace/assets/sample-trace.jsonl`,
+/// built into the binary so the fallback works wherever the binary is copied.
+pub static BUNDLED_TRACE: &[u8] = include_bytes!("../../assets/sample-trace.jsonl");
+/// Name shown for the bundled trace.
+pub const BUNDLED_NAME: &str = "bundled sample-trace.jsonl";
+
+/// How often a source hands a batch to the UI: the UI draws at most this often anyway.
+const BATCH_EVERY: Duration = Duration::from_millis(100);
+/// Live events are held this long so records from different CPUs arrive in time order
+/// (the same window `vmtrace record` uses).
+const REORDER_WINDOW_NS: u64 = 50_000_000;
+/// How often the live source re-reads `/proc/vmallocinfo` for the top callers.
+const CALLERS_EVERY: Duration = Duration::from_secs(5);
+/// Callers kept per snapshot.
+const TOP_CALLERS: usize = 20;
+
+/// Where a replay reads from.
+#[derive(Clone, Debug)]
+pub enum ReplayInput {
+    File(PathBuf),
+    Bundled,
+}
+
+/// What to replay and how.
+#[derive(Clone, Debug)]
+pub struct ReplaySpec {
+    pub input: ReplayInput,
+    /// Trace seconds per wall second.
+    pub speed: f64,
+    /// Start again at the end (the bundled trace lasts well under a second).
+    pub looped: bool,
+    pub banner: Option<String>,
+}
+
+impl ReplaySpec {
+    fn open(&self) -> std::io::Result<Box<dyn BufRead + Send>> {
+        Ok(match &self.input {
+            ReplayInput::File(p) if p.as_os_str() == "-" => {
+                Box::new(std::io::BufReader::new(std::io::stdin()))
+            }
+            ReplayInput::File(p) => Box::new(std::io::BufReader::new(std::fs::File::open(p)?)),
+            ReplayInput::Bundled => Box::new(BUNDLED_TRACE),
+        })
+    }
+
+    fn name(&self) -> String {
+        match &self.input {
+            ReplayInput::File(p) => p.display().to_string(),
+            ReplayInput::Bundled => BUNDLED_NAME.into(),
+        }
+    }
+}
+
+/// Checks that a replay input opens and starts with a valid header, so a bad path fails
+/// before the screen is taken.
+pub fn check_replay(spec: &ReplaySpec) -> Result<(), String> {
+    let input = spec
+        .open()
+        .map_err(|e| format!("cannot open {}: {e}", spec.name()))?;
+    TraceReader::new(input)
+        .read_header()
+        .map(drop)
+        .map_err(|e| format!("{}: {e}", spec.name()))
+}
+
+/// Starts the replay thread and the thread that runs the model over the same trace.
+pub fn spawn_replay(spec: ReplaySpec, tx: Sender<Event>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
+    let (spec2, tx2) = (spec.clone(), tx.clone());
+    std::thread::spawn(move || {
+        let _ = tx2.send(Event::Model(model_of(&spec2)));
+    });
+    std::thread::spawn(move || {
+        if let Err(why) = replay(&spec, &tx, &stop) {
+            let _ = tx.send(Event::SourceEnded(why));
+        }
+    })
+}
+
+/// Runs the whole trace through the model (`vmtrace replay`): cheap next to the trace itself,
+/// and the same numbers `vmtrace replay` prints.
+fn model_of(spec: &ReplaySpec) -> Result<ModelView, String> {
+    let input = spec.open().map_err(|e| e.to_string())?;
+    let r = crate::replay::replay(input, &crate::replay::ReplayOptions::default())
+        .map_err(|e| format!("model replay failed: {e}"))?;
+    let slots = |s: &crate::model::SlotCounts| {
+        format!(
+            "pte {} pmd {} pud {}",
+            s.pte_tables, s.pmd_tables, s.pud_tables
+        )
+    };
+    Ok(ModelView {
+        scope: format!("whole trace, {} variant", r.variant.name()),
+        placement_pct: r.placement.percent(),
+        placement_compared: r.placement.compared,
+        nr_lazy_pct: r.nr_lazy.percent(),
+        npurged_pct: r.npurged.percent(),
+        pooled_objects: r.pooled_objects_at_end,
+        predicted_high_water: r.predicted_high_water.clone(),
+        observed_high_water: r.observed_high_water.clone(),
+        predicted_slots: slots(&r.predicted_slots),
+        observed_slots: slots(&r.observed_slots),
+    })
+}
+
+/// Moves a record's timestamps by `off` nanoseconds (a looped replay's later rounds).
+fn shift(rec: &mut Record, off: u64) {
+    let ts = match rec {
+        Record::Alloc(e) => &mut e.ctx.ts_ns,
+        Record::Free(e) => &mut e.ctx.ts_ns,
+        Record::Purge(e) => &mut e.ctx.ts_ns,
+        Record::Contention(e) => &mut e.ctx.ts_ns,
+        Record::Work(e) => &mut e.ctx.ts_ns,
+        Record::PtPage(e) => &mut e.ctx.ts_ns,
+        Record::Latency(e) => &mut e.ctx.ts_ns,
+        Record::Meminfo(e) => &mut e.ts_ns,
+        _ => return,
+    };
+    *ts += off;
+}
+
+fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<(), String> {
+    let speed = spec.speed;
+    let started = Instant::now();
+    // Trace time of the first event: stream time = origin + wall elapsed × speed.
+    let mut origin: Option<u64> = None;
+    let stream_now = |origin: u64| origin + (started.elapsed().as_secs_f64() * speed * 1e9) as u64;
+    let mut offset = 0u64;
+    let mut round = 0u64;
+    let mut lost = 0u64;
+    loop {
+        let input = spec
+            .open()
+            .map_err(|e| format!("cannot open {}: {e}", spec.name()))?;
+        let mut reader = TraceReader::new(input);
+        let header = reader
+            .read_header()
+            .map_err(|e| format!("{}: {e}", spec.name()))?;
+        if round == 0 {
+            let info = SourceInfo::from_header(
+                &header,
+                Mode::Replay {
+                    name: spec.name(),
+                    speed,
+                },
+                spec.banner.clone(),
+            );
+            tx.send(Event::Start(Box::new(info)))
+                .map_err(|_| "UI gone")?;
+            // Top callers come from the trace's own start snapshot: there is no later one.
+        }
+        let mut batch = Vec::new();
+        let mut first_ts = None;
+        let mut last_ts = 0;
+        for rec in reader.by_ref() {
+            let mut rec = rec.map_err(|e| format!("{}: {e}", spec.name()))?;
+            match &rec {
+                Record::Footer(f) => {
+                    lost += f.lost_total;
+                    continue;
+                }
+                Record::Header(_) => continue,
+                Record::Vmallocinfo(s) => {
+                    if round > 0 {
+                        continue;
+                    }
+                    let _ = tx.send(Event::Callers(Ok(top_callers(s, TOP_CALLERS))));
+                }
+                _ => {}
+            }
+            if let Some(ts) = rec.ts_ns() {
+                shift(&mut rec, offset);
+                let ts = ts + offset;
+                first_ts.get_or_insert(ts);
+                last_ts = ts;
+                let o = *origin.get_or_insert(ts);
+                while stream_now(o) < ts {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    send(tx, &mut batch, stream_now(o), lost)?;
+                    let wait = ts.saturating_sub(stream_now(o)) as f64 / speed / 1e9;
+                    std::thread::sleep(BATCH_EVERY.min(Duration::from_secs_f64(wait.max(0.001))));
+                }
+            }
+            batch.push(rec);
+        }
+        let now = origin.map_or(0, stream_now);
+        send(tx, &mut batch, now, lost)?;
+        if !spec.looped || first_ts.is_none() {
+            let _ = tx.send(Event::SourceEnded(format!(
+                "replay finished: {} is at its end (press q to quit)",
+                spec.name()
+            )));
+            return Ok(());
+        }
+        round += 1;
+        // The next round starts 1 ms after this one's last event (both timestamps are shifted).
+        offset += last_ts.saturating_sub(first_ts.unwrap_or(last_ts)) + 1_000_000;
+    }
+}
+
+fn send(tx: &Sender<Event>, batch: &mut Vec<Record>, now_ns: u64, lost: u64) -> Result<(), String> {
+    tx.send(Event::Data(Batch {
+        records: std::mem::take(batch),
+        now_ns,
+        lost_total: lost,
+    }))
+    .map_err(|_| "UI gone".to_string())
+}
+
+/// Starts the live source: loads and attaches the probes on its own thread and waits for the
+/// outcome, so a failure (no privileges, no BPF) can fall back to a replay before the screen is
+/// taken. Returns the reason on failure.
+pub fn spawn_live(
+    wanted: Vec<&'static str>,
+    ring_bytes: u64,
+    tx: Sender<Event>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
+    let handle = std::thread::spawn(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = ready_tx.send(Err(format!("starting the async runtime: {e}")));
+                return;
+            }
+        };
+        rt.block_on(live(wanted, ring_bytes, tx, stop, ready_tx));
+    });
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(why)) => {
+            let _ = handle.join();
+            Err(why)
+        }
+        Err(_) => {
+            let _ = handle.join();
+            Err("the probe thread ended before attaching".into())
+        }
+    }
+}
+
+async fn live(
+    wanted: Vec<&'static str>,
+    ring_bytes: u64,
+    tx: Sender<Event>,
+    stop: Arc<AtomicBool>,
+    ready: std::sync::mpsc::SyncSender<Result<(), String>>,
+) {
+    use tokio::io::unix::AsyncFd;
+    let setup = async {
+        let facts =
+            system::SystemFacts::read().map_err(|e| format!("reading kernel facts: {e}"))?;
+        let mut probes =
+            LoadedProbes::load_and_attach(ring_bytes, &wanted).map_err(|e| e.to_string())?;
+        let ring = probes.take_ring().map_err(|e| e.to_string())?;
+        // SAFETY: as in record.rs: the AsyncFd owns the RingBuf, which owns its map fd.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+            .map_err(|e| format!("polling the ring buffer: {e}"))?;
+        Ok::<_, String>((facts, probes, ring))
+    };
+    let (facts, probes, mut ring) = match setup.await {
+        Ok(v) => v,
+        Err(why) => {
+            let _ = ready.send(Err(why));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
+    let info = SourceInfo {
+        mode: Mode::Live,
+        kernel: facts.kernel_release.clone(),
+        cpus: facts.online_cpus,
+        nodes,
+        zone_size: zone,
+        page_size: facts.page_size,
+        lazy_max_pages: system::lazy_max_pages(facts.online_cpus, facts.page_size),
+        probes: probes.infos.clone(),
+        banner: None,
+    };
+    if tx.send(Event::Start(Box::new(info))).is_err() {
+        return;
+    }
+    let _ = tx.send(Event::Model(Err(
+        "live: the model replays whole traces only; `vmtrace record` then `vmtrace replay`".into(),
+    )));
+    let mut reorder = Reorder::default();
+    // The start snapshot seeds the footprint, as it seeds a replay.
+    match vmallocinfo::snapshot() {
+        Ok(s) => {
+            let _ = tx.send(Event::Callers(Ok(top_callers(&s, TOP_CALLERS))));
+            reorder.push(Record::Vmallocinfo(Box::new(s)));
+        }
+        Err(e) => {
+            let _ = tx.send(Event::Callers(Err(format!("vmallocinfo: {e}"))));
+        }
+    }
+    let mut classifier = Classifier::new(nodes);
+    let mut stacks: HashMap<i64, Vec<String>> = HashMap::new();
+    let mut batch_tick = tokio::time::interval(BATCH_EVERY);
+    let mut slow_tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_callers = Instant::now();
+    let mut lost_total = 0u64;
+    loop {
+        tokio::select! {
+            r = ring.readable_mut() => match r {
+                Ok(mut g) => {
+                    g.clear_ready();
+                    drain(g.get_inner_mut(), &probes, &mut reorder, &mut classifier, &mut stacks);
+                }
+                Err(e) => {
+                    let _ = tx.send(Event::SourceEnded(format!("ring buffer: {e}")));
+                    return;
+                }
+            },
+            _ = batch_tick.tick() => {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                drain(ring.get_mut(), &probes, &mut reorder, &mut classifier, &mut stacks);
+                let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
+                let mut records = Vec::new();
+                reorder.pop_ready(watermark, |r| records.push(r));
+                let b = Batch { records, now_ns: watermark, lost_total };
+                if tx.send(Event::Data(b)).is_err() {
+                    return;
+                }
+            }
+            _ = slow_tick.tick() => {
+                if let Ok(m) = meminfo::read() {
+                    reorder.push(Record::Meminfo(Meminfo {
+                        ts_ns: system::boottime_ns(),
+                        page_tables_kb: m.page_tables_kb,
+                        vmalloc_used_kb: m.vmalloc_used_kb,
+                    }));
+                }
+                if let Ok(lost) = probes.lost() {
+                    lost_total = lost.iter().flatten().sum();
+                }
+                if last_callers.elapsed() >= CALLERS_EVERY {
+                    last_callers = Instant::now();
+                    let c = vmallocinfo::snapshot()
+                        .map(|s| top_callers(&s, TOP_CALLERS))
+                        .map_err(|e| format!("vmallocinfo: {e}"));
+                    let _ = tx.send(Event::Callers(c));
+                }
+            }
+        }
+    }
+}
+
+/// Decodes everything in the ring buffer into the reorder buffer, resolving contention stacks
+/// to lock classes as `vmtrace record` does.
+fn drain(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    probes: &LoadedProbes,
+    reorder: &mut Reorder,
+    classifier: &mut Classifier,
+    stacks: &mut HashMap<i64, Vec<String>>,
+) {
+    while let Some(item) = ring.next() {
+        let Some(mut rec) = decode(&item) else {
+            continue;
+        };
+        if let Record::Contention(c) = &mut rec {
+            if c.stack_id >= 0 {
+                c.stack = stacks
+                    .entry(c.stack_id)
+                    .or_insert_with(|| probes.stack_frames(c.stack_id).unwrap_or_default())
+                    .clone();
+            }
+            let r = classifier.classify(&c.stack, c.lock.0, c.flags);
+            c.class = r.class;
+            c.node = r.node;
+        }
+        reorder.push(rec);
+    }
+}
