@@ -1,9 +1,10 @@
 //! `cargo xtask run`: set up, build vmtrace in release mode and run it.
 //!
-//! Without arguments it runs the project's main job, so that `cargo xtask run` on a fresh
-//! machine shows vmtrace doing its work: a short live capture of a built-in stress workload and
-//! its summary. Where live capture cannot work (not root, no BPF) it says so and summarises the
-//! bundled sample trace instead, so the command still shows something real.
+//! Without arguments it runs the project's main job, `vmtrace top`, so that `cargo xtask run` on
+//! a fresh machine shows vmalloc live. Where live capture cannot work (not root, no BPF) it says
+//! so and `vmtrace top` replays the bundled sample trace under a banner giving the reason, so
+//! the command still shows something real. When stdout is not a terminal, top prints a few text
+//! screens (`top -b`) and exits, so scripts and CI logs get a bounded output.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -17,8 +18,8 @@ use crate::setup::setup;
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Arguments for vmtrace, e.g. `cargo xtask run -- record -o t.jsonl --duration 5s`.
-    /// Without any, runs the demo job: a 10 s live capture of `vmtrace stress fix-size` and its
-    /// summary (root), or a summary of the bundled sample trace (otherwise).
+    /// Without any, runs `vmtrace top`: live (root with BPF), or a replay of the bundled sample
+    /// trace with a banner saying why (otherwise).
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,
@@ -27,9 +28,6 @@ pub struct RunArgs {
     pub args: Vec<String>,
 }
 
-/// The bundled trace that the demo summarises when it cannot record live.
-const SAMPLE_TRACE: &str = "vmtrace/assets/sample-trace.jsonl";
-
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
     setup()?;
     let vmtrace = build_release()?;
@@ -37,10 +35,31 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         banner(&format!("vmtrace {}", args.args.join(" ")));
         return exit_code(Command::new(&vmtrace).args(&args.args));
     }
-    match live_capture_unavailable() {
-        None => demo_live(&vmtrace),
-        Some(reason) => demo_sample(&vmtrace, &reason),
+    top(&vmtrace, live_capture_unavailable())
+}
+
+/// Screens printed by `vmtrace top -b` when `cargo xtask run` is not on a terminal.
+const BATCH_SCREENS: &str = "3";
+
+/// Runs `vmtrace top`, live or (with `unavailable`) on the bundled trace.
+fn top(vmtrace: &Path, unavailable: Option<String>) -> Result<ExitCode> {
+    use std::io::IsTerminal as _;
+    let mut cmd = Command::new(vmtrace);
+    cmd.arg("top");
+    match &unavailable {
+        None => banner("vmtrace top (live; q quits)"),
+        Some(reason) => {
+            banner(&format!(
+                "{reason}: vmtrace top replays the bundled trace (try `sudo cargo xtask run`)"
+            ));
+            // No --replay: top finds out itself that probes cannot attach and shows the
+            // kernel's own reason in its banner, over the trace built into the binary.
+        }
     }
+    if !std::io::stdout().is_terminal() {
+        cmd.args(["--batch", "--iterations", BATCH_SCREENS, "--interval", "1s"]);
+    }
+    exit_code(&mut cmd)
 }
 
 /// Builds the vmtrace binary in release mode (this also builds the eBPF probes through
@@ -67,45 +86,6 @@ fn live_capture_unavailable() -> Option<String> {
         );
     }
     None
-}
-
-fn demo_live(vmtrace: &Path) -> Result<ExitCode> {
-    let trace = cmd::metadata()?.target_directory.join("vmtrace-demo.jsonl");
-    banner(&format!(
-        "live capture: 10 s of vmalloc events while `vmtrace stress fix-size` runs, into {}",
-        trace.display()
-    ));
-    let mut record = Command::new(vmtrace);
-    record
-        .args(["record", "-o"])
-        .arg(&trace)
-        .args(["--duration", "10s", "--"])
-        .arg(vmtrace)
-        .args(["stress", "fix-size", "--pages", "16", "--duration", "3s"]);
-    let code = status_of(&mut record)?;
-    if code != 0 {
-        return Ok(ExitCode::from(code));
-    }
-    banner(&format!("summary of {}", trace.display()));
-    exit_code(Command::new(vmtrace).arg("summary").arg(&trace))
-}
-
-fn demo_sample(vmtrace: &Path, reason: &str) -> Result<ExitCode> {
-    let sample = cmd::workspace_root().join(SAMPLE_TRACE);
-    let rule = "*".repeat(78);
-    println!();
-    println!("{rule}");
-    println!("*  {reason}: playing the bundled trace instead");
-    println!("*  (a live capture needs root and a kernel with BPF; try `sudo cargo xtask run`)");
-    println!("{rule}");
-    if !sample.is_file() {
-        bail!(
-            "the bundled trace {} is missing, so there is nothing to show without a live capture",
-            sample.display()
-        );
-    }
-    banner(&format!("summary of {SAMPLE_TRACE}"));
-    exit_code(Command::new(vmtrace).arg("summary").arg(&sample))
 }
 
 /// Runs vmtrace and hands its exit status on, so `cargo xtask run -- ...` can be scripted like
