@@ -218,12 +218,23 @@ fn record_fix_size_stress_matches_the_kernel() {
         "only {exact} allocations of {area} bytes, expected >= 20000"
     );
     assert!(frees >= 20_000, "only {frees} frees");
+    // Two kernel blind spots can leave a free with no known area, both from other activity on
+    // the machine, never from the stress: per-CPU chunks (`pcpu_get_vm_areas`) are allocated
+    // without the alloc tracepoint, and /proc/vmallocinfo skips areas still marked
+    // VM_UNINITIALIZED (a vmalloc in progress while the snapshot was read). Tolerate one in
+    // 10,000 frees (at least 2), and show them.
+    let tolerated = (frees / 10_000).max(2) as usize;
     assert!(
-        unmatched.is_empty(),
-        "{} frees of unknown areas, e.g. {:?}",
+        unmatched.len() <= tolerated,
+        "{} frees of unknown areas (tolerated {tolerated}), e.g. {:?}",
         unmatched.len(),
         &unmatched[..unmatched.len().min(5)]
     );
+    if !unmatched.is_empty() {
+        eprintln!(
+            "frees of areas neither allocated in the trace nor in the snapshot: {unmatched:?}"
+        );
+    }
 
     // Footer: nothing lost, and the kernel's run counts equal what we received.
     let Some(Record::Footer(footer)) = records.last() else {
