@@ -1,0 +1,205 @@
+//! End to end: `vmtrace top` in a real terminal (tmux), live while `vmtrace stress` runs and
+//! on a replay of the bundled trace. Captures the pane twice, checks that the counts moved and
+//! are non-zero, quits with `q` and checks the terminal came back (no raw mode, cursor shown,
+//! main screen). Needs root for the live half; run with `--release -- --test-threads=1`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
+
+/// Skips (loudly) without root, unless VMTRACE_REQUIRE_PRIVILEGED=1 makes that a failure.
+fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+        panic!("{test}: needs root and VMTRACE_REQUIRE_PRIVILEGED=1 is set");
+    }
+    eprintln!("SKIPPED {test}: needs root (set VMTRACE_REQUIRE_PRIVILEGED=1 to fail instead)");
+    false
+}
+
+/// A detached tmux session, killed on drop.
+struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    fn start(tag: &str, command: &str) -> Self {
+        let name = format!("vmtrace-tui-{}-{tag}", std::process::id());
+        // After top exits, the shell reports its status and the terminal modes, then waits so
+        // the pane can still be captured.
+        let script =
+            format!("{command}; echo EXIT=$?; echo STTY: $(stty -a | tr '\\n' ' '); sleep 60");
+        let ok = Command::new("tmux")
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &name,
+                "-x",
+                "160",
+                "-y",
+                "50",
+                &script,
+            ])
+            .status()
+            .expect("tmux runs (installed by `cargo xtask setup`)")
+            .success();
+        assert!(ok, "tmux new-session failed");
+        Self { name }
+    }
+
+    fn capture(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &self.name])
+            .output()
+            .expect("tmux capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn display(&self, format: &str) -> String {
+        let out = Command::new("tmux")
+            .args(["display-message", "-p", "-t", &self.name, format])
+            .output()
+            .expect("tmux display-message");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn keys(&self, keys: &str) {
+        Command::new("tmux")
+            .args(["send-keys", "-t", &self.name, keys])
+            .status()
+            .expect("tmux send-keys");
+    }
+
+    /// Waits until the pane shows `needle`; returns the capture.
+    fn wait_for(&self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let c = self.capture();
+            if c.contains(needle) {
+                return c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{needle}` did not appear within {within:?}; pane:\n{c}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.name])
+            .status();
+    }
+}
+
+/// `(rate, total)` of the `alloc` and `free` lines of the rates panel.
+fn counts(pane: &str) -> [(u64, u64); 2] {
+    let re = regex::Regex::new(r"(alloc|free)\s+(\d+)/s\s+total (\d+)").unwrap();
+    let mut out = [(0, 0); 2];
+    for c in re.captures_iter(pane) {
+        let i = usize::from(&c[1] == "free");
+        out[i] = (c[2].parse().unwrap(), c[3].parse().unwrap());
+    }
+    out
+}
+
+/// Captures twice, quits, and checks counts and the restored terminal.
+fn watch_and_quit(t: &Tmux, ready: &str) -> ([(u64, u64); 2], [(u64, u64); 2]) {
+    t.wait_for(ready, Duration::from_secs(30));
+    // Let a full second of rate buckets fill.
+    std::thread::sleep(Duration::from_millis(2500));
+    let first = t.capture();
+    std::thread::sleep(Duration::from_millis(2000));
+    let second = t.capture();
+    let (a, b) = (counts(&first), counts(&second));
+    eprintln!("first capture:\n{first}\nsecond capture:\n{second}");
+    eprintln!("alloc/free (rate, total): first {a:?}, second {b:?}");
+    assert_eq!(
+        t.display("#{alternate_on}"),
+        "1",
+        "top draws on the alternate screen"
+    );
+    t.keys("q");
+    let end = t.wait_for("STTY:", Duration::from_secs(10));
+    assert!(end.contains("EXIT=0"), "top did not exit cleanly:\n{end}");
+    let stty = end
+        .lines()
+        .find(|l| l.starts_with("STTY:"))
+        .unwrap_or_default();
+    assert!(
+        stty.contains(" icanon") && stty.contains(" echo"),
+        "terminal left in raw mode: {stty}"
+    );
+    assert_eq!(t.display("#{alternate_on}"), "0", "alternate screen left");
+    assert_eq!(t.display("#{cursor_flag}"), "1", "cursor shown again");
+    (a, b)
+}
+
+fn assert_moved(a: [(u64, u64); 2], b: [(u64, u64); 2]) {
+    for (i, kind) in ["alloc", "free"].iter().enumerate() {
+        assert!(
+            a[i].1 > 0 && b[i].1 > a[i].1,
+            "{kind} total did not grow: {a:?} → {b:?}"
+        );
+        assert!(
+            a[i].0 > 0 || b[i].0 > 0,
+            "{kind} rate stayed 0: {a:?} → {b:?}"
+        );
+    }
+}
+
+#[test]
+fn top_live_while_stress_runs() {
+    if !privileged("top_live_while_stress_runs") {
+        return;
+    }
+    let t = Tmux::start("live", &format!("{BIN} top"));
+    t.wait_for("vmtrace top | live", Duration::from_secs(30));
+    let mut stress = Command::new(BIN)
+        .args(["stress", "fix-size", "--pages", "16", "--duration", "12s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("vmtrace stress starts");
+    let (a, b) = watch_and_quit(&t, "vmtrace top | live");
+    let _ = stress.kill();
+    let _ = stress.wait();
+    assert_moved(a, b);
+}
+
+#[test]
+fn top_replays_the_bundled_trace() {
+    if !privileged("top_replays_the_bundled_trace") {
+        return;
+    }
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl");
+    let t = Tmux::start("replay", &format!("{BIN} top --replay {trace} --loop"));
+    let (a, b) = watch_and_quit(&t, "vmtrace top | replay");
+    assert_moved(a, b);
+}
+
+#[test]
+fn top_batch_mode_prints_screens_and_exits() {
+    // No terminal and no root needed: --replay in batch mode.
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl");
+    let out = Command::new(BIN)
+        .args(["top", "--replay", trace, "--loop", "-n", "2", "-d", "500ms"])
+        .output()
+        .expect("vmtrace top runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("vmtrace top | replay").count(), 2, "{text}");
+    assert!(text.contains("lazy backlog") && text.contains("top callers"));
+}
