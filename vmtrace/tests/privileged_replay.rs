@@ -74,8 +74,9 @@ fn replay_of_real_stress_meets_the_floors() {
     eprintln!("divergence classes: {}", r["divergence_classes"]);
     assert!(r["events"]["alloc"].as_u64().unwrap() > 10_000);
     assert!(r["warmup_line"].is_u64(), "warm-up never ended");
-    // Floors: measured 46–79 % placement per pattern, 84–99.8 % nr_lazy, 72–87 % npurged.
-    assert!(warm >= 40.0, "placement after warm-up {warm:.2} % < 40 %");
+    // Floors: measured 63–89 % placement after warm-up per pattern (15 s traces; 73.9 % →
+    // see docs/model.md for the combined trace), 87–98 % nr_lazy, 78–82 % npurged.
+    assert!(warm >= 55.0, "placement after warm-up {warm:.2} % < 55 %");
     assert!(nr_lazy >= 75.0, "nr_lazy agreement {nr_lazy:.2} % < 75 %");
     assert!(npurged >= 60.0, "npurged agreement {npurged:.2} % < 60 %");
     // No warnings are expected from a healthy recording.

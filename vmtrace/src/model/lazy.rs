@@ -8,6 +8,10 @@ pub struct LazyArea {
     pub size: u64,
     /// Encoded node id (`(id + 1)`, 0 = none), as in `va->flags`.
     pub tag: u32,
+    /// Order of the lazy free (0 for seeded areas): the kernel detaches a node's lazy list at
+    /// one instant, so the areas a purge takes are the oldest ones; replay needs the order to
+    /// leave the frees that came after the detach for the next purge.
+    pub seq: u64,
 }
 
 /// Lazy trees, one per node (one merging tree in the `global` variant).
@@ -50,17 +54,20 @@ impl LazyLists {
         }
         let mut start = start;
         let mut size = area.size;
+        let mut seq = area.seq;
         if let Some(next) = tree.remove(&(start + size)) {
             size += next.size;
+            seq = seq.max(next.seq);
         }
         if let Some((&ps, &prev)) = tree.range(..start).next_back() {
             if ps + prev.size == start {
                 tree.remove(&ps);
                 start = ps;
                 size += prev.size;
+                seq = seq.max(prev.seq);
             }
         }
-        tree.insert(start, LazyArea { size, tag: 0 });
+        tree.insert(start, LazyArea { size, tag: 0, seq });
         self.pages
     }
 
@@ -70,6 +77,19 @@ impl LazyLists {
             .get_mut(node as usize)
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// Detaches only the areas of `node` whose free order is below `cutoff` (replay: the frees
+    /// that came after the kernel's detach stay for the next purge), in address order.
+    pub fn detach_before(&mut self, node: u32, cutoff: u64) -> BTreeMap<u64, LazyArea> {
+        let Some(tree) = self.trees.get_mut(node as usize) else {
+            return BTreeMap::new();
+        };
+        let (taken, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(tree)
+            .into_iter()
+            .partition(|(_, a)| a.seq < cutoff);
+        *tree = kept;
+        taken
     }
 
     /// `purge_vmap_node` step 3: the purged pages leave the counter.
@@ -139,6 +159,7 @@ mod tests {
             LazyArea {
                 size: 0x1000,
                 tag: 0,
+                seq: 0,
             },
             4096,
         );
@@ -148,6 +169,7 @@ mod tests {
             LazyArea {
                 size: 0x1000,
                 tag: 0,
+                seq: 0,
             },
             4096,
         );
@@ -157,6 +179,7 @@ mod tests {
             LazyArea {
                 size: 0x1000,
                 tag: 0,
+                seq: 0,
             },
             4096,
         );

@@ -207,6 +207,18 @@ pub struct Purged {
     pub nodes_pooled: u32,
     /// Union of the purged ranges (the flush range), if anything was lazy.
     pub range: Option<(u64, u64)>,
+    /// Every area this purge took, so that replay can give back the ones the kernel's purge
+    /// turned out not to include ([`Model::unpurge`]).
+    #[serde(skip)]
+    pub batch: Vec<PurgedArea>,
+}
+
+/// One area a purge took off a lazy tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PurgedArea {
+    pub addr: u64,
+    pub node: u32,
+    pub area: LazyArea,
 }
 
 /// A busy area.
@@ -248,6 +260,12 @@ pub struct Model {
     stats: ModelStats,
     /// Scratch for pool decay, kept to avoid an allocation per purge.
     scratch: Vec<(u64, u64)>,
+    /// Order stamp of the last lazy area (see [`LazyArea::seq`]).
+    free_seq: u64,
+    /// Ranges the kernel showed to be occupied by something no trace event reveals (pool
+    /// entries from before the trace): start → size. Neither free nor allocatable here until
+    /// the kernel uses them ([`Model::unhide`]) or a full decay empties every pool.
+    hidden: BTreeMap<u64, u64>,
 }
 
 impl Model {
@@ -271,6 +289,8 @@ impl Model {
             locks: LockCounts::new(lazy_nodes as usize, pools),
             stats: ModelStats::default(),
             scratch: Vec::new(),
+            free_seq: 0,
+            hidden: BTreeMap::new(),
             params,
         })
     }
@@ -499,8 +519,13 @@ impl Model {
         self.check_range(addr, size)?;
         self.free.claim(addr, size)?;
         let node = self.lazy_node(addr, tag);
-        self.lazy
-            .insert(node, addr, LazyArea { size, tag }, self.params.page_size);
+        let seq = self.next_seq();
+        self.lazy.insert(
+            node,
+            addr,
+            LazyArea { size, tag, seq },
+            self.params.page_size,
+        );
         Ok(())
     }
 
@@ -536,12 +561,14 @@ impl Model {
         }
         let node = self.lazy_node(addr, area.tag);
         LockCounts::bump(&mut self.locks.lazy, node);
+        let seq = self.next_seq();
         let nr_lazy = self.lazy.insert(
             node,
             addr,
             LazyArea {
                 size: area.size,
                 tag: area.tag,
+                seq,
             },
             self.params.page_size,
         );
@@ -562,7 +589,87 @@ impl Model {
     /// lazy tree, then pool (unless `full`) or return each area. `full` is the allocation-failure
     /// path (`reclaim_and_purge_vmap_areas`); the drain work and `vm_unmap_aliases` use `false`.
     pub fn purge(&mut self, full: bool) -> Purged {
+        self.purge_before(full, u64::MAX)
+    }
+
+    /// A purge whose detach took only the `limit` oldest lazy areas: the others were freed
+    /// after the kernel detached the lazy lists (between the detach and the trace event, which
+    /// fires at the end of `__purge_vmap_area_lazy`) and wait for the next purge, still counted
+    /// in `vmap_lazy_nr`. Replay uses it to align a purge with the observed `npurged`.
+    pub fn purge_oldest(&mut self, full: bool, limit: usize) -> Purged {
+        let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
+        if limit >= seqs.len() {
+            return self.purge(full);
+        }
+        seqs.sort_unstable();
+        self.purge_before(full, seqs[limit])
+    }
+
+    /// Hidden ranges (see the field): start → size.
+    pub fn hidden(&self) -> &BTreeMap<u64, u64> {
+        &self.hidden
+    }
+
+    /// Marks `[addr, addr+size)`, free or pooled in the model, as hidden: replay found that
+    /// the kernel does not have it available. False if it is neither free nor pooled.
+    pub fn hide(&mut self, addr: u64, size: u64, node: u32) -> bool {
+        let ok =
+            self.pools.remove(addr, size, node).is_some() || self.free.claim(addr, size).is_ok();
+        if ok {
+            self.hidden.insert(addr, size);
+        }
+        ok
+    }
+
+    /// Returns every hidden range overlapping `[addr, addr+size)` to the free tree (the kernel
+    /// just used that space, so it was free or pooled there after all). True if any was.
+    pub fn unhide(&mut self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        let hit: Vec<(u64, u64)> = self
+            .hidden
+            .range(..end)
+            .filter(|(&s, &z)| s + z > addr)
+            .map(|(&s, &z)| (s, z))
+            .collect();
+        for &(s, z) in &hit {
+            self.hidden.remove(&s);
+            let _ = self.free.release(s, z);
+        }
+        !hit.is_empty()
+    }
+
+    /// Returns every hidden range to the free tree: a full decay (shrinker or the failure
+    /// path) has emptied every kernel pool, where hidden ranges are assumed to sit.
+    pub fn unhide_all(&mut self) {
+        for (s, z) in std::mem::take(&mut self.hidden) {
+            let _ = self.free.release(s, z);
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.free_seq += 1;
+        self.free_seq
+    }
+
+    /// Gives a purged area back to the lazy tree it came from (replay: the kernel's purge did
+    /// not include it, see [`Model::purge_oldest`]). It is taken out of the pool or the free
+    /// tree where the purge put it; false when it is no longer there (already reused).
+    pub fn unpurge(&mut self, p: &PurgedArea) -> bool {
+        let size = p.area.size;
+        let taken = self.pools.remove(p.addr, size, p.node).is_some()
+            || self.free.claim(p.addr, size).is_ok();
+        if taken {
+            self.lazy
+                .insert(p.node, p.addr, p.area, self.params.page_size);
+        }
+        taken
+    }
+
+    fn purge_before(&mut self, full: bool, cutoff: u64) -> Purged {
         let mut out = Purged::default();
+        if full {
+            self.unhide_all();
+        }
         self.stats.purges += 1;
         self.locks.vmap_purge_lock += 1;
         let lazy_nodes = self.lazy.nodes();
@@ -590,7 +697,11 @@ impl Model {
         // Detach every lazy tree.
         let mut detached = Vec::with_capacity(lazy_nodes as usize);
         for node in 0..lazy_nodes {
-            let tree = self.lazy.detach(node);
+            let tree = if cutoff == u64::MAX {
+                self.lazy.detach(node)
+            } else {
+                self.lazy.detach_before(node, cutoff)
+            };
             LockCounts::bump(&mut self.locks.lazy, node);
             if let (Some((&first, _)), Some((&last, la))) =
                 (tree.first_key_value(), tree.last_key_value())
@@ -616,6 +727,7 @@ impl Model {
             for (addr, area) in tree {
                 node_pages += self.pages(area.size);
                 out.npurged += 1;
+                out.batch.push(PurgedArea { addr, node, area });
                 if self.try_pool(node, addr, area, full) {
                     pooled_here += 1;
                 } else {
@@ -643,6 +755,7 @@ impl Model {
     /// objects returned.
     pub fn shrink(&mut self) -> u32 {
         self.locks.vmap_purge_lock += 1;
+        self.unhide_all();
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut n = 0;
         for node in 0..self.params.layout.nr_nodes() {
@@ -704,6 +817,7 @@ impl Model {
             spans.push((s, s + a.size, "lazy"));
         }
         spans.extend(self.pools.iter().map(|(_, s, z)| (s, s + z, "pooled")));
+        spans.extend(self.hidden.iter().map(|(&s, &z)| (s, s + z, "hidden")));
         spans.sort_unstable();
         let mut at = self.params.vmalloc_start;
         for &(s, e, what) in &spans {

@@ -216,3 +216,79 @@ fn undo_and_claim_restore_state() {
     m.check_invariants().unwrap();
     assert!(m.claim(&req, BASE + 9 * PAGE).is_err());
 }
+
+fn one_page_req(cpu: u32, p: &Params) -> AllocRequest {
+    AllocRequest {
+        size: PAGE,
+        align: 1,
+        vstart: p.vmalloc_start,
+        vend: p.vmalloc_end,
+        cpu,
+        retry: false,
+        guard: true,
+    }
+}
+
+/// Hidden space (what replay found unavailable in the kernel) is skipped by the lowest fit,
+/// counted in the coverage invariant, and comes back on `unhide` or a full decay.
+#[test]
+fn hidden_ranges_are_skipped_and_come_back() {
+    let p = params(Variant::Nodes);
+    let base = p.vmalloc_start;
+    let mut m = Model::new(p.clone()).unwrap();
+    assert!(m.hide(base, 2 * PAGE, 0));
+    m.check_invariants().unwrap();
+    let a = m.alloc(&one_page_req(0, &p)).unwrap().unwrap();
+    assert_eq!(a.addr, base + 2 * PAGE, "the hidden pages are not offered");
+    assert!(
+        !m.hide(base + 2 * PAGE, PAGE, 0),
+        "a busy page cannot be hidden"
+    );
+    assert!(m.unhide(base + PAGE, PAGE));
+    assert!(m.hidden().is_empty());
+    let b = m.alloc(&one_page_req(0, &p)).unwrap().unwrap();
+    assert_eq!(b.addr, base, "unhidden space is free again");
+    assert!(m.hide(base + PAGE, PAGE, 0));
+    m.purge(true);
+    assert!(
+        m.hidden().is_empty(),
+        "a full decay empties the pools hidden space sits in"
+    );
+    m.check_invariants().unwrap();
+    assert!(m.hide(base + PAGE, PAGE, 0));
+    m.shrink();
+    assert!(m.hidden().is_empty(), "so does the shrinker");
+    m.check_invariants().unwrap();
+}
+
+/// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
+/// takes a pooled area back to its lazy tree.
+#[test]
+fn purge_oldest_and_unpurge() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    // Freed out of address order: the oldest two are the highest addresses.
+    m.free(addrs[2]).unwrap();
+    m.free(addrs[1]).unwrap();
+    m.free(addrs[0]).unwrap();
+    let got = m.purge_oldest(false, 2);
+    assert_eq!(got.npurged, 2);
+    assert_eq!(m.lazy().objects(), 1);
+    assert!(m.lazy().find(addrs[0]).is_some(), "the newest free waits");
+    assert_eq!(m.lazy_pages(), 1);
+    m.check_invariants().unwrap();
+    let pooled = got
+        .batch
+        .iter()
+        .find(|a| a.addr == addrs[1])
+        .copied()
+        .unwrap();
+    assert!(m.unpurge(&pooled));
+    assert_eq!(m.lazy().objects(), 2);
+    assert_eq!(m.lazy_pages(), 2);
+    assert_eq!(m.pools().len(0, PAGE), 1);
+    m.check_invariants().unwrap();
+}

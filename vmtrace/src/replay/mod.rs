@@ -187,6 +187,10 @@ pub struct Report {
     /// Full pool decays inferred from allocations inside pooled ranges (the vmap-node shrinker
     /// emits no event).
     pub shrinks_inferred: u64,
+    /// Ranges hidden because the kernel's choice showed them unavailable (pool entries from
+    /// before the trace, stale model pool entries), and hidden ranges the kernel used later.
+    pub hidden_ranges: u64,
+    pub hidden_ranges_used: u64,
     pub pooled_objects_at_end: u64,
     pub lazy_pages_at_end: u64,
 }
@@ -280,6 +284,9 @@ struct Replayer<'o> {
     early: Option<crate::model::Purged>,
     early_purges: u64,
     shrinks_inferred: u64,
+    /// Ranges hidden as unavailable in the kernel, and hidden ranges the kernel used later.
+    hidden: u64,
+    unhidden: u64,
     /// Areas the model does not manage (other windows, conflicting placements): start → size.
     outside: HashMap<u64, u64>,
     obs_slots: PageTableSlots,
@@ -317,6 +324,8 @@ impl<'o> Replayer<'o> {
             early: None,
             early_purges: 0,
             shrinks_inferred: 0,
+            hidden: 0,
+            unhidden: 0,
             outside: HashMap::new(),
             obs_slots: PageTableSlots::new(),
             pred_slots: PageTableSlots::new(),
@@ -546,6 +555,11 @@ impl<'o> Replayer<'o> {
             let _ = self.model.undo_alloc(g);
         }
         let mut claimed = self.model.claim(&req, addr);
+        if claimed.is_err() && self.model.unhide(addr, size) {
+            // The kernel used space the model had hidden: it was available after all.
+            self.unhidden += 1;
+            claimed = self.model.claim(&req, addr);
+        }
         if claimed.is_err() && self.model.overlaps_pooled(addr, size) {
             // The kernel had this range free while the model holds it pooled, and no purge came
             // in between: the only path that empties pools without a trace event is the
@@ -568,6 +582,11 @@ impl<'o> Replayer<'o> {
         if claimed.is_err() {
             // Keep the area out of the model so that its free is recognised, not an error.
             self.outside.insert(addr, size);
+        }
+        if let (Some(g), Ok(Placement::FreeTree(_))) = (&pred_addr, &claimed) {
+            if req.align <= p.page_size {
+                self.hide_unavailable(&req, addr, g.placement == Placement::Pool);
+            }
         }
         self.diverge(Divergence {
             line: self.line,
@@ -656,10 +675,18 @@ impl<'o> Replayer<'o> {
         let full = self.pending_failure.is_some();
         let lazy_before = self.model.lazy().objects();
         self.drain_pending = false;
+        // Aligning the batch with the observed `npurged` (the frees after the kernel's detach
+        // left for the next purge, `Model::purge_oldest`) was tried and lowered every figure:
+        // the detach is per node and the free order alone does not say which frees missed it.
         let got = match self.early.take() {
             Some(early) if !full => early,
             _ => self.model.purge(full),
         };
+        self.drain_pending = self.model.lazy_pages() > self.model.params().lazy_max_pages;
+        // What was hidden may have been waiting for this purge in the kernel (lazy there while
+        // the model had already purged it): give it back. Pool entries from before the trace
+        // are hidden again by the next allocation that shows them unavailable.
+        self.model.unhide_all();
         let ok = got.npurged == p.npurged;
         self.npurged.add(ok);
         if !ok {
@@ -701,6 +728,43 @@ impl<'o> Replayer<'o> {
             self.warmup_line = Some(self.line);
         }
         Ok(())
+    }
+
+    /// The kernel took `addr` from its free tree although the model offered something else.
+    /// With `align <= PAGE_SIZE` the kernel's pick is its lowest fitting free block, and a
+    /// pool hit is preferred to it, so (a) when the model offered a pool hit, the kernel's pool
+    /// was empty, and (b) every model-free block below `addr` that could hold the request was
+    /// not free in the kernel. Both are space the trace never showed: pool entries from before
+    /// the trace (vmallocinfo does not list pooled areas) or diverged pool histories. They are
+    /// hidden until the kernel uses them ([`Model::unhide`]).
+    fn hide_unavailable(&mut self, req: &AllocRequest, addr: u64, model_pool_hit: bool) {
+        let node = self.model.params().layout.cpu_to_node(req.cpu);
+        if model_pool_hit {
+            let stale: Vec<u64> = self
+                .model
+                .pools()
+                .iter()
+                .filter(|&(n, _, z)| n == node && z == req.size)
+                .map(|(_, s, _)| s)
+                .collect();
+            for s in stale {
+                if self.model.hide(s, req.size, node) {
+                    self.hidden += 1;
+                }
+            }
+        }
+        let below: Vec<(u64, u64)> = self
+            .model
+            .free_space()
+            .iter()
+            .take_while(|&(s, _)| s < addr)
+            .filter(|&(s, e)| s >= req.vstart && e - s >= req.size)
+            .collect();
+        for (s, e) in below {
+            if self.model.hide(s, e - s, node) {
+                self.hidden += 1;
+            }
+        }
     }
 
     /// Whether `[addr, addr+size)` overlaps an area the model still holds as lazy.
@@ -756,6 +820,8 @@ impl<'o> Replayer<'o> {
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
             shrinks_inferred: self.shrinks_inferred,
+            hidden_ranges: self.hidden,
+            hidden_ranges_used: self.unhidden,
             pooled_objects_at_end: self.model.pools().objects(),
             lazy_pages_at_end: self.model.lazy_pages(),
         }
