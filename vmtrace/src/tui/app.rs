@@ -518,7 +518,7 @@ impl App {
 
     fn record(&mut self, r: Record) {
         match r {
-            Record::Header(_) | Record::Footer(_) => {}
+            Record::Header(_) | Record::Footer(_) | Record::Allocinfo(_) => {}
             Record::Vmallocinfo(s) => self.seed(&s),
             Record::Alloc(a) => {
                 let s = self.sec(a.ctx.ts_ns);
@@ -590,7 +590,8 @@ impl App {
                 *self.c.pt_pages.entry(level).or_default() += 1;
             }
             Record::Meminfo(m) => self.meminfo_pt_kb = Some(m.page_tables_kb),
-            Record::Work(_) | Record::Latency(_) => {}
+            // Work, latency and any kind added later: not shown (yet).
+            _ => {}
         }
     }
 
