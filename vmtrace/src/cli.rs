@@ -83,6 +83,17 @@ pub struct RecordArgs {
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub meminfo_interval: Option<Duration>,
 
+    /// Sample /proc/allocinfo (memory allocation profiling) into the trace this often: totals,
+    /// page-table pages (`pagetable_alloc`) and the vmalloc allocator's own tags, so a replay can
+    /// put observed page-table growth beside the model's. Off unless given; when the file is
+    /// missing vmtrace says why once and records without it.
+    #[arg(long, value_parser = parse_duration)]
+    pub allocinfo_interval: Option<Duration>,
+
+    /// The allocinfo file to sample (tests point it at a fixture).
+    #[arg(long, default_value = "/proc/allocinfo", hide = true)]
+    pub allocinfo_path: PathBuf,
+
     /// Optional probes to attach besides the three vmalloc tracepoints, comma-separated:
     /// lock_waits, purge_work, page_tables, backing_pages, alloc_latency, `all` or `none`.
     /// page_tables and backing_pages hook kmem:mm_page_alloc, which fires for every page the

@@ -213,6 +213,44 @@ impl Session {
         }
     }
 
+    /// Samples the allocinfo file into the trace. Returns false when the file cannot be read, so
+    /// the caller stops trying (and says why once).
+    fn sample_allocinfo(&mut self, path: &Path) -> bool {
+        let ts_ns = system::boottime_ns();
+        let bytes = match crate::allocinfo::snapshot::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("vmtrace: warning: not sampling allocinfo: {e}");
+                return false;
+            }
+        };
+        let name = path.display().to_string();
+        match crate::allocinfo::parse(&name, &bytes, crate::allocinfo::Mode::Lenient) {
+            Ok(snap) => {
+                let vmalloc_tags = snap
+                    .tags
+                    .iter()
+                    .filter(|t| t.key.file == crate::allocinfo::marks::VMALLOC_FILE)
+                    .cloned()
+                    .collect();
+                self.reorder
+                    .push(Record::Allocinfo(Box::new(crate::trace::AllocinfoSample {
+                        ts_ns,
+                        total: snap.total(),
+                        pagetable: snap.pagetable(),
+                        vmalloc_tags,
+                        inaccurate: snap.has_inaccurate(),
+                        skipped_lines: snap.skipped.len() as u64,
+                    })));
+                true
+            }
+            Err(e) => {
+                eprintln!("vmtrace: warning: not sampling allocinfo: {e}");
+                false
+            }
+        }
+    }
+
     /// Samples `/proc/meminfo` into the trace.
     fn sample_meminfo(&mut self) {
         match crate::host::meminfo::read() {
@@ -342,6 +380,16 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let meminfo_every = args.meminfo_interval.filter(|d| !d.is_zero());
     let mut meminfo_tick =
         tokio::time::interval(meminfo_every.unwrap_or(Duration::from_secs(3600)));
+    // Sampled once at the start, then on the interval, then once at the end, so even a short
+    // recording has the growth between two reads.
+    let mut allocinfo_every = args.allocinfo_interval.filter(|d| !d.is_zero());
+    if allocinfo_every.is_some() && !session.sample_allocinfo(&args.allocinfo_path) {
+        allocinfo_every = None;
+    }
+    let mut allocinfo_tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + allocinfo_every.unwrap_or(Duration::from_secs(3600)),
+        allocinfo_every.unwrap_or(Duration::from_secs(3600)),
+    );
     let mut command_exit_code = None;
     let mut write_error: Option<std::io::Error> = None;
     let mut ring_error = None;
@@ -356,6 +404,11 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
                 session.drain_ring(&probes);
             }
             _ = meminfo_tick.tick(), if meminfo_every.is_some() => session.sample_meminfo(),
+            _ = allocinfo_tick.tick(), if allocinfo_every.is_some() => {
+                if !session.sample_allocinfo(&args.allocinfo_path) {
+                    allocinfo_every = None;
+                }
+            }
             _ = flush_tick.tick() => {
                 session.drain_ring(&probes);
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
@@ -383,6 +436,9 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     if meminfo_every.is_some() {
         session.sample_meminfo();
+    }
+    if allocinfo_every.is_some() {
+        session.sample_allocinfo(&args.allocinfo_path);
     }
     probes.detach();
     session.drain_ring(&probes);

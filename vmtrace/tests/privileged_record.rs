@@ -530,3 +530,88 @@ fn perf_still_sees_vmalloc_events_while_recording() {
         "perf saw only {samples} alloc_vmap_area events while vmtrace recorded"
     );
 }
+
+/// `--allocinfo-interval` samples the allocinfo file at the start, on the interval and at the
+/// end; the sample's page-table and vmalloc figures are those of the file. This kernel has no
+/// /proc/allocinfo, so the sampled file is a fixture, and the real path must give one warning
+/// that says why and a trace without samples.
+#[test]
+fn allocinfo_samples_follow_the_file_and_a_missing_file_is_explained() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/allocinfo/v2.txt");
+    let expected = vmtrace::allocinfo::parse(
+        "v2.txt",
+        &std::fs::read(&fixture).unwrap(),
+        vmtrace::allocinfo::Mode::Lenient,
+    )
+    .unwrap();
+    let dir = tmpdir();
+    let out = dir.path().join("t.jsonl");
+    let st = Command::new(VMTRACE)
+        .args([
+            "record",
+            "-q",
+            "--duration",
+            "1.2s",
+            "--allocinfo-interval",
+            "0.3s",
+            "--allocinfo-path",
+        ])
+        .arg(&fixture)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    common::assert_trace_valid(&out);
+    let (_, records) = read_trace(&out);
+    let samples: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Allocinfo(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        samples.len() >= 4,
+        "only {} allocinfo samples in 1.2 s at 0.3 s",
+        samples.len()
+    );
+    for s in &samples {
+        assert_eq!(s.pagetable, expected.pagetable());
+        assert_eq!(s.total, expected.total());
+        assert!(!s.vmalloc_tags.is_empty());
+        assert!(s.vmalloc_tags.iter().all(|t| t.key.file == "mm/vmalloc.c"));
+    }
+    assert!(samples.windows(2).all(|w| w[0].ts_ns < w[1].ts_ns));
+
+    if std::path::Path::new("/proc/allocinfo").exists() {
+        return;
+    }
+    let out2 = dir.path().join("t2.jsonl");
+    let o = Command::new(VMTRACE)
+        .args([
+            "record",
+            "-q",
+            "--duration",
+            "0.5s",
+            "--allocinfo-interval",
+            "0.1s",
+            "-o",
+        ])
+        .arg(&out2)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        stderr.matches("not sampling allocinfo").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("CONFIG_MEM_ALLOC_PROFILING"), "{stderr}");
+    let (_, records) = read_trace(&out2);
+    assert!(!records.iter().any(|r| matches!(r, Record::Allocinfo(_))));
+}

@@ -101,7 +101,7 @@ impl Drop for Tmux {
 }
 
 /// `(rate, total)` of the `alloc` and `free` lines of the rates panel.
-fn counts(pane: &str) -> [(u64, u64); 2] {
+fn counts(pane: &str) -> PaneCounts {
     let re = regex::Regex::new(r"(alloc|free)\s+(\d+)/s\s+total (\d+)").unwrap();
     let mut out = [(0, 0); 2];
     for c in re.captures_iter(pane) {
@@ -111,8 +111,11 @@ fn counts(pane: &str) -> [(u64, u64); 2] {
     out
 }
 
+/// `(rate per second, total)` for alloc and free, as one pane capture shows them.
+type PaneCounts = [(u64, u64); 2];
+
 /// Captures twice, quits, and checks counts and the restored terminal.
-fn watch_and_quit(t: &Tmux, ready: &str) -> ([(u64, u64); 2], [(u64, u64); 2]) {
+fn watch_and_quit(t: &Tmux, ready: &str) -> (PaneCounts, PaneCounts) {
     t.wait_for(ready, Duration::from_secs(30));
     // Let a full second of rate buckets fill.
     std::thread::sleep(Duration::from_millis(2500));
@@ -130,9 +133,10 @@ fn watch_and_quit(t: &Tmux, ready: &str) -> ([(u64, u64); 2], [(u64, u64); 2]) {
     t.keys("q");
     let end = t.wait_for("STTY:", Duration::from_secs(10));
     assert!(end.contains("EXIT=0"), "top did not exit cleanly:\n{end}");
-    let stty = end
-        .lines()
-        .find(|l| l.starts_with("STTY:"))
+    // `stty -a` is wider than the pane, so the capture wraps it: join the wrapped lines.
+    let stty: String = end
+        .find("STTY:")
+        .map(|i| end[i..].lines().collect::<Vec<_>>().join(""))
         .unwrap_or_default();
     assert!(
         stty.contains(" icanon") && stty.contains(" echo"),

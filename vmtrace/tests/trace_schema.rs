@@ -6,13 +6,14 @@
 mod common;
 
 use serde_json::{json, Value};
+use vmtrace::allocinfo::{Counts, Tag, TagKey};
 use vmtrace::host::system::SystemFacts;
 use vmtrace::host::tracefs::Field;
 use vmtrace::trace::{
-    Alloc, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free, Header, KAddr,
-    LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo, ProbeRunStats, PtLevel,
-    PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Tool, TraceReader, TraceWriter,
-    VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
+    Alloc, AllocinfoSample, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free,
+    Header, KAddr, LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo,
+    ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Tool,
+    TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -406,6 +407,47 @@ fn sample_records() -> Vec<Record> {
             page_tables_kb: 5244,
             vmalloc_used_kb: 40736,
         }),
+        Record::Allocinfo(Box::new(AllocinfoSample {
+            ts_ns: 1_000_001_100,
+            total: Counts {
+                bytes: 1 << 30,
+                calls: 123_456,
+            },
+            pagetable: Counts {
+                bytes: 60_817_408,
+                calls: 14_848,
+            },
+            vmalloc_tags: vec![
+                Tag {
+                    key: TagKey {
+                        file: "mm/vmalloc.c".into(),
+                        line: 3159,
+                        module: None,
+                        function: "__get_vm_area_node".into(),
+                    },
+                    bytes: 14_680_064,
+                    calls: 7,
+                    accurate: true,
+                    extra: Default::default(),
+                },
+                Tag {
+                    key: TagKey {
+                        file: "mm/vmalloc.c".into(),
+                        line: 1068,
+                        module: Some("x".into()),
+                        function: "alloc_vmap_area".into(),
+                    },
+                    bytes: -4096,
+                    calls: 0,
+                    accurate: false,
+                    extra: [("future".to_string(), "yes".to_string())]
+                        .into_iter()
+                        .collect(),
+                },
+            ],
+            inaccurate: true,
+            skipped_lines: 2,
+        })),
         Record::Footer(Box::new(Footer {
             ladder: Some(ladder_stats()),
             kernel_run_stats: Some(run_stats()),
@@ -582,6 +624,7 @@ fn only_skipped_fields_are_optional() {
     assert_eq!(
         optional,
         [
+            "#/$defs/allocinfo_tag.extra",
             "#/$defs/area.caller",
             "#/$defs/area.flags",
             "#/$defs/area.pages",

@@ -149,6 +149,23 @@ pub struct SeedInfo {
     pub first_free_nr_lazy_offset: Option<i64>,
 }
 
+/// Page-table pages added during the recording. The model predicts new 2 MiB / 1 GiB / 512 GiB
+/// tables from the observed placements; the kernel's own figures come from whichever sources the
+/// trace carries (pt_page events with `--probes page_tables`, meminfo samples, allocinfo
+/// samples with `--allocinfo-interval`). meminfo and allocinfo count all page tables, user
+/// ones included, so they bound the vmalloc share from above.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PageTableGrowth {
+    /// New PTE + PMD + PUD tables the model predicts after seeding from the snapshot.
+    pub predicted_new_tables: u64,
+    /// `pt_page` events (kernel page-table pages allocated under vmap mapping functions).
+    pub observed_pt_page_events: Option<u64>,
+    /// Last minus first meminfo `PageTables`, kB.
+    pub meminfo_page_tables_delta_kb: Option<i64>,
+    /// Last minus first allocinfo `pagetable_alloc` bytes.
+    pub allocinfo_pagetable_delta_bytes: Option<i64>,
+}
+
 /// The fidelity report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -178,6 +195,8 @@ pub struct Report {
     pub predicted_high_water: String,
     pub observed_slots: SlotCounts,
     pub predicted_slots: SlotCounts,
+    /// Page tables the recording added, predicted against every observed source the trace has.
+    pub page_table_growth: PageTableGrowth,
     pub warnings: BTreeMap<&'static str, u64>,
     pub first_warnings: Vec<String>,
     pub model: crate::model::ModelStats,
@@ -291,6 +310,11 @@ struct Replayer<'o> {
     outside: HashMap<u64, u64>,
     obs_slots: PageTableSlots,
     pred_slots: PageTableSlots,
+    /// Predicted tables right after seeding, so growth counts only what the trace added.
+    seed_tables: u64,
+    pt_page_events: Option<u64>,
+    meminfo_kb: Option<(u64, u64)>,
+    allocinfo_pt: Option<(i64, i64)>,
     obs_high: u64,
     pred_high: u64,
     seed: SeedInfo,
@@ -329,6 +353,10 @@ impl<'o> Replayer<'o> {
             outside: HashMap::new(),
             obs_slots: PageTableSlots::new(),
             pred_slots: PageTableSlots::new(),
+            seed_tables: 0,
+            pt_page_events: None,
+            meminfo_kb: None,
+            allocinfo_pt: None,
             obs_high: 0,
             pred_high: 0,
             seed: SeedInfo::default(),
@@ -403,6 +431,7 @@ impl<'o> Replayer<'o> {
             }
         }
         self.seed.lazy_pages = self.model.lazy_pages();
+        self.seed_tables = total_tables(&self.pred_slots.counts());
     }
 
     fn event(&mut self, rec: Record) -> Result<(), ReplayError> {
@@ -428,6 +457,20 @@ impl<'o> Replayer<'o> {
             Record::Alloc(a) => self.alloc(&a, in_window),
             Record::Free(f) => self.free(&f, in_window),
             Record::Purge(p) => self.purge(&p),
+            Record::PtPage(_) => {
+                *self.pt_page_events.get_or_insert(0) += 1;
+                Ok(())
+            }
+            Record::Meminfo(m) => {
+                let first = self.meminfo_kb.map_or(m.page_tables_kb, |(f, _)| f);
+                self.meminfo_kb = Some((first, m.page_tables_kb));
+                Ok(())
+            }
+            Record::Allocinfo(a) => {
+                let first = self.allocinfo_pt.map_or(a.pagetable.bytes, |(f, _)| f);
+                self.allocinfo_pt = Some((first, a.pagetable.bytes));
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -814,6 +857,15 @@ impl<'o> Replayer<'o> {
             predicted_high_water: format!("{:#x}", self.pred_high),
             observed_slots: self.obs_slots.counts(),
             predicted_slots: self.pred_slots.counts(),
+            page_table_growth: PageTableGrowth {
+                predicted_new_tables: total_tables(&self.pred_slots.counts())
+                    .saturating_sub(self.seed_tables),
+                observed_pt_page_events: self.pt_page_events,
+                meminfo_page_tables_delta_kb: self.meminfo_kb.map(|(f, l)| l as i64 - f as i64),
+                allocinfo_pagetable_delta_bytes: self
+                    .allocinfo_pt
+                    .map(|(f, l)| l.saturating_sub(f)),
+            },
             warnings: self.warnings,
             first_warnings: self.first_warnings,
             model: self.model.stats().clone(),
@@ -826,4 +878,8 @@ impl<'o> Replayer<'o> {
             lazy_pages_at_end: self.model.lazy_pages(),
         }
     }
+}
+
+fn total_tables(c: &SlotCounts) -> u64 {
+    c.pte_tables + c.pmd_tables + c.pud_tables
 }

@@ -74,6 +74,16 @@ pub fn render_text(r: &Report) -> String {
         r.predicted_slots.pmd_tables,
         r.predicted_slots.pud_tables
     );
+    let g = &r.page_table_growth;
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
+    let _ = writeln!(
+        o,
+        "  page-table growth        predicted +{} tables; observed: pt_page events {}, meminfo PageTables {}, allocinfo pagetable_alloc {}",
+        g.predicted_new_tables,
+        opt(g.observed_pt_page_events.map(|v| format!("+{v}"))),
+        opt(g.meminfo_page_tables_delta_kb.map(|v| format!("{v:+} kB"))),
+        opt(g.allocinfo_pagetable_delta_bytes.map(|v| format!("{v:+} B"))),
+    );
     if !r.purges.is_empty() {
         let _ = writeln!(
             o,

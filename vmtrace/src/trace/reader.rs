@@ -187,6 +187,7 @@ pub fn kind_name(r: &Record) -> &'static str {
         Record::PtPage(_) => "pt_page",
         Record::Latency(_) => "latency",
         Record::Meminfo(_) => "meminfo",
+        Record::Allocinfo(_) => "allocinfo",
         Record::Footer(_) => "footer",
     }
 }

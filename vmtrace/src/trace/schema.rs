@@ -20,6 +20,7 @@ pub enum Record {
     PtPage(PtPage),
     Latency(Latency),
     Meminfo(Meminfo),
+    Allocinfo(Box<AllocinfoSample>),
     Footer(Box<Footer>),
 }
 
@@ -324,6 +325,25 @@ pub struct Meminfo {
     pub vmalloc_used_kb: u64,
 }
 
+/// One read of /proc/allocinfo (`record --allocinfo-interval`), reduced to what vmtrace
+/// explains: the page-table pages vmalloc space costs and the vmalloc allocator's own tags.
+/// Whole snapshots belong in `vmtrace allocinfo snapshot` files, not in every trace line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocinfoSample {
+    /// CLOCK_BOOTTIME when the file was read.
+    pub ts_ns: u64,
+    /// Sum over every tag.
+    pub total: crate::allocinfo::Counts,
+    /// Sum over the `func:pagetable_alloc` tags (all page tables, not only vmalloc's).
+    pub pagetable: crate::allocinfo::Counts,
+    /// Tags of `mm/vmalloc.c`.
+    pub vmalloc_tags: Vec<crate::allocinfo::Tag>,
+    /// Some tag said `accurate:no`: absolute values are low, deltas are exact.
+    pub inaccurate: bool,
+    /// Lines the lenient parser skipped.
+    pub skipped_lines: u64,
+}
+
 /// Counts of the ladder's event kinds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LadderCounts {
@@ -440,6 +460,7 @@ impl Record {
             Record::PtPage(e) => Some(e.ctx.ts_ns),
             Record::Latency(e) => Some(e.ctx.ts_ns),
             Record::Meminfo(e) => Some(e.ts_ns),
+            Record::Allocinfo(e) => Some(e.ts_ns),
             _ => None,
         }
     }

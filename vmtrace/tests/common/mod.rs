@@ -43,7 +43,7 @@ fn compile(schema: &Value) -> jsonschema::Validator {
 }
 
 /// Record kinds, i.e. the values of `type` and the `$defs` entries that describe them.
-pub const KINDS: [&str; 11] = [
+pub const KINDS: [&str; 12] = [
     "header",
     "vmallocinfo",
     "alloc",
@@ -54,6 +54,7 @@ pub const KINDS: [&str; 11] = [
     "pt_page",
     "latency",
     "meminfo",
+    "allocinfo",
     "footer",
 ];
 
