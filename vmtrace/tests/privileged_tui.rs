@@ -207,3 +207,44 @@ fn top_batch_mode_prints_screens_and_exits() {
     assert_eq!(text.matches("vmtrace top | replay").count(), 2, "{text}");
     assert!(text.contains("lazy backlog") && text.contains("top callers"));
 }
+
+/// What `cargo xtask run` does for a user without privileges when stdout is not a terminal:
+/// `vmtrace top --batch` falls back to the bundled trace under a banner giving the kernel's
+/// reason. Run as `nobody` through setpriv, the same binary and arguments.
+#[test]
+fn unprivileged_top_replays_the_bundled_trace_with_a_banner() {
+    if !privileged("unprivileged_top_replays_the_bundled_trace_with_a_banner") {
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            BIN,
+        ])
+        .args(["top", "--batch", "--iterations", "2", "--interval", "0.3s"])
+        .output()
+        .expect("setpriv (util-linux) is needed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("live capture unavailable")
+            && stdout.contains("replaying the bundled trace"),
+        "no fallback banner:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("insufficient privileges"),
+        "banner does not give the reason:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("vmtrace top | replay"),
+        "not replaying:\n{stdout}"
+    );
+}
