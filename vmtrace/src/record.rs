@@ -39,6 +39,8 @@ const REORDER_WINDOW_NS: u64 = 50_000_000;
 const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// Calibration waits at most this long for its own allocation and free to come back.
 const CALIBRATION_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often calibration looks for its own events.
+const CALIBRATION_POLL: Duration = Duration::from_millis(5);
 
 pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -345,6 +347,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         start_boottime_ns: system::boottime_ns(),
         start_realtime_ns: system::realtime_ns(),
         ring_buffer_bytes: probes.ring_bytes,
+        synthetic: None,
     };
 
     // The command starts before the file exists, so a command that cannot start leaves no
@@ -699,12 +702,11 @@ async fn calibrate(session: &mut Session, probes: &LoadedProbes, page_size: u64)
         if cal.vstart.is_some() && cal.nr_lazy_max.is_some() {
             return cal;
         }
-        if tokio::time::timeout_at(deadline, session.wait_readable())
-            .await
-            .is_err()
-        {
+        // The probes wake readers only in batches, so poll rather than wait for readiness.
+        if tokio::time::Instant::now() >= deadline {
             return cal;
         }
+        tokio::time::sleep(CALIBRATION_POLL).await;
     }
 }
 
