@@ -53,6 +53,12 @@ pub enum Command {
     /// Without privileges or BPF it replays the bundled sample trace, with a banner saying why.
     /// When stdout is not a terminal (or with -b) it prints the screen as text every --interval.
     Top(crate::tui::TopArgs),
+    /// Serve live vmalloc metrics to Prometheus (/metrics, /healthz) until SIGTERM.
+    ///
+    /// Attaches the probes, drops every capability, then counts events into counters, gauges
+    /// and histograms that each scrape renders. Binds loopback unless told otherwise.
+    /// See docs/serve.md and dashboards/.
+    Serve(crate::export::serve::ServeArgs),
 }
 
 #[derive(Debug, Args)]

@@ -4,7 +4,9 @@
 
 pub mod allocinfo;
 pub mod cli;
+pub mod export;
 pub mod host;
+pub mod live;
 pub mod model;
 pub mod probe;
 pub mod record;

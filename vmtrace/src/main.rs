@@ -13,6 +13,7 @@ fn main() -> std::process::ExitCode {
         Command::Probes(args) => vmtrace::probe::table::run(args),
         Command::Replay(args) => vmtrace::replay::cli::run(args),
         Command::Top(args) => vmtrace::tui::run(args),
+        Command::Serve(args) => vmtrace::export::serve::run(args),
         Command::Allocinfo(cmd) => vmtrace::allocinfo::cli::run(cmd),
     };
     match result {

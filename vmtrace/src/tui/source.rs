@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::app::{top_callers, Batch, Event, Mode, ModelView, SourceInfo};
 use crate::host::{meminfo, system, vmallocinfo};
 use crate::probe::contention::Classifier;
-use crate::probe::{decode, LoadedProbes};
+use crate::probe::LoadedProbes;
 use crate::record::Reorder;
 use crate::trace::{Meminfo, Record, TraceReader};
 
@@ -374,8 +374,7 @@ async fn live(
     }
 }
 
-/// Decodes everything in the ring buffer into the reorder buffer, resolving contention stacks
-/// to lock classes as `vmtrace record` does.
+/// Decodes everything in the ring buffer into the reorder buffer (see [`crate::live::drain`]).
 fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     probes: &LoadedProbes,
@@ -383,21 +382,5 @@ fn drain(
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
 ) {
-    while let Some(item) = ring.next() {
-        let Some(mut rec) = decode(&item) else {
-            continue;
-        };
-        if let Record::Contention(c) = &mut rec {
-            if c.stack_id >= 0 {
-                c.stack = stacks
-                    .entry(c.stack_id)
-                    .or_insert_with(|| probes.stack_frames(c.stack_id).unwrap_or_default())
-                    .clone();
-            }
-            let r = classifier.classify(&c.stack, c.lock.0, c.flags);
-            c.class = r.class;
-            c.node = r.node;
-        }
-        reorder.push(rec);
-    }
+    crate::live::drain(ring, probes, classifier, stacks, |r| reorder.push(r));
 }

@@ -1,0 +1,37 @@
+//! Pieces of the live pipeline shared by `vmtrace top` and `vmtrace serve`: turning ring-buffer
+//! items into trace records with contention stacks resolved to lock classes, exactly as
+//! `vmtrace record` writes them, so every consumer counts the same events the same way.
+
+use std::collections::HashMap;
+
+use crate::probe::contention::Classifier;
+use crate::probe::{decode, LoadedProbes};
+use crate::trace::Record;
+
+/// Decodes everything in the ring buffer and hands each record to `push`, resolving contention
+/// stacks (cached by stack id: the stack map is read once per distinct stack) to lock classes.
+pub fn drain(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    probes: &LoadedProbes,
+    classifier: &mut Classifier,
+    stacks: &mut HashMap<i64, Vec<String>>,
+    mut push: impl FnMut(Record),
+) {
+    while let Some(item) = ring.next() {
+        let Some(mut rec) = decode(&item) else {
+            continue;
+        };
+        if let Record::Contention(c) = &mut rec {
+            if c.stack_id >= 0 {
+                c.stack = stacks
+                    .entry(c.stack_id)
+                    .or_insert_with(|| probes.stack_frames(c.stack_id).unwrap_or_default())
+                    .clone();
+            }
+            let r = classifier.classify(&c.stack, c.lock.0, c.flags);
+            c.class = r.class;
+            c.node = r.node;
+        }
+        push(rec);
+    }
+}
