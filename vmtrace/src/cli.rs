@@ -41,6 +41,9 @@ pub enum Command {
     /// overall and after warm-up, with the first divergences and the model state around them.
     /// See docs/model.md for what the model does and does not know.
     Replay(ReplayArgs),
+    /// Generate a synthetic trace shaped like lib/test_vmalloc.c, with addresses chosen by the
+    /// allocator model and timestamps from a per-CPU timing model (docs/synth.md).
+    Synth(crate::synth::cli::SynthArgs),
     /// Show how each probe attaches on this kernel: the chosen rung of the strategy ladder
     /// (fentry, kprobe, tracepoint) and why each richer rung was refused. Needs root.
     Probes(ProbesArgs),

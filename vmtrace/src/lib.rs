@@ -12,6 +12,7 @@ pub mod probe;
 pub mod record;
 pub mod replay;
 pub mod summary;
+pub mod synth;
 pub mod trace;
 pub mod tui;
 pub mod workload;

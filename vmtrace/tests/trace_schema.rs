@@ -12,7 +12,7 @@ use vmtrace::host::tracefs::Field;
 use vmtrace::trace::{
     Alloc, AllocinfoSample, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free,
     Header, KAddr, LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo,
-    ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Tool,
+    ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Synthetic, Tool,
     TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
 };
 
@@ -130,6 +130,7 @@ fn header() -> Header {
         start_boottime_ns: 713_746_841_851,
         start_realtime_ns: 1_796_048_083_233_733_736,
         ring_buffer_bytes: 64 << 20,
+        synthetic: None,
     }
 }
 
@@ -143,6 +144,21 @@ fn header_uncalibrated() -> Header {
     h.vmap.zone_size = 1;
     h.command_line = vec![];
     h.probes = vec![];
+    h
+}
+
+/// A header as `vmtrace synth` writes it: the optional `synthetic` member present.
+fn header_synthetic() -> Header {
+    let mut h = header();
+    h.probes = vec![];
+    h.synthetic = Some(Synthetic {
+        generator: "vmtrace synth".into(),
+        workload: "lib/test_vmalloc.c".into(),
+        tests: vec!["fix_size_alloc_test".into(), "full_fit_alloc_test".into()],
+        params: [("mask".to_string(), 3u64), ("seed".to_string(), u64::MAX)]
+            .into_iter()
+            .collect(),
+    });
     h
 }
 
@@ -473,6 +489,7 @@ fn more_footers() -> Vec<Record> {
         ..footer(StopReason::Duration, None)
     }))])
     .chain([Record::Header(Box::new(header_uncalibrated()))])
+    .chain([Record::Header(Box::new(header_synthetic()))])
     .chain([Record::Vmallocinfo(Box::new(VmallocSnapshot {
         ts_start_ns: 0,
         ts_end_ns: 0,
@@ -632,6 +649,7 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/footer.command_exit_code",
             "#/$defs/footer.kernel_run_stats",
             "#/$defs/footer.ladder",
+            "#/$defs/header.synthetic",
             "#/$defs/probe.logical",
             "#/$defs/probe.note",
             "#/$defs/probe.refused",
@@ -690,6 +708,7 @@ fn optional_fields_are_omitted_and_nullable_ones_are_null() {
     for k in ["lazy_max_pages_tracepoint", "vmalloc_start", "vmalloc_end"] {
         assert_eq!(h["vmap"][k], Value::Null, "`{k}`");
     }
+    assert!(h.get("synthetic").is_none(), "`synthetic` written for a recording");
     assert!(errors(&h).is_empty(), "{:?}", errors(&h));
 }
 

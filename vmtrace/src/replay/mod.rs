@@ -20,6 +20,7 @@
 
 pub mod cli;
 mod report;
+pub mod timing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;

@@ -42,6 +42,23 @@ pub struct Header {
     /// Wall-clock time of `start_boottime_ns`, nanoseconds since the Unix epoch.
     pub start_realtime_ns: u64,
     pub ring_buffer_bytes: u64,
+    /// Present only in traces made by `vmtrace synth`: nothing in them was observed on a
+    /// kernel, so tools must not present them as a recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synthetic: Option<Synthetic>,
+}
+
+/// How a synthetic trace was generated (`vmtrace synth`, docs/synth.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Synthetic {
+    /// The generator, e.g. `"vmtrace synth"`.
+    pub generator: String,
+    /// The workload it imitates, e.g. `"lib/test_vmalloc.c"`.
+    pub workload: String,
+    /// Enabled tests, in mask-bit order.
+    pub tests: Vec<String>,
+    /// Generator parameters (mask, threads, cpus, loops, nr_pages, seed, timing costs, …).
+    pub params: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,110 @@
+//! `vmtrace synth`: the command-line edge (anyhow lives here, not below).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use super::{generate, SynthParams};
+
+/// Options of `vmtrace synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Tests to run, as lib/test_vmalloc.c's run_test_mask: bit i enables test i (0 fix_size,
+    /// 1 full_fit, 2 long_busy_list, 3 random_size, 4 fix_align, 5 random_size_align,
+    /// 6 align_shift, 7 pcpu_alloc (skipped: not an alloc_vmap_area user), 8/9 kvfree_rcu,
+    /// 10 vm_map_ram, 11 no_block_alloc, 12 vrealloc). Decimal or 0x hex.
+    #[arg(long, default_value = "7", value_parser = parse_mask)]
+    pub mask: u64,
+
+    /// Worker threads (nr_threads), dealt to CPUs round-robin.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub threads: u32,
+
+    /// CPUs of the imagined machine: sets the vmap nodes, zone size and lazy_max_pages in the
+    /// header by the kernel's rules.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub cpus: u32,
+
+    /// Iterations of each test's loop (test_loop_count; the module's 1,000,000 makes billions
+    /// of events with many threads).
+    #[arg(long, default_value_t = 1000)]
+    pub loops: u64,
+
+    /// Pages for fix_size, vm_map_ram and no_block_alloc (nr_pages; 0 means 1).
+    #[arg(long, default_value_t = 1)]
+    pub nr_pages: u64,
+
+    /// Seed of the random sizes, alignments and test orders.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Scale-down: full_fit_alloc_test's pairs instead of lazy_max_pages (the module's value,
+    /// 57,344 at 64 CPUs, per thread).
+    #[arg(long, value_name = "N")]
+    pub junk: Option<u64>,
+
+    /// Scale-down: long_busy_list_alloc_test's live areas instead of the module's 15000.
+    #[arg(long, value_name = "N", default_value_t = 15000)]
+    pub busy_list: u64,
+
+    /// Delay from a free that crosses the threshold to the drain work's purge.
+    #[arg(long, value_parser = crate::cli::parse_duration, default_value = "1ms")]
+    pub purge_latency: std::time::Duration,
+
+    /// Output trace file (JSON Lines); `-` writes to stdout.
+    #[arg(short, long, default_value = "-")]
+    pub output: PathBuf,
+}
+
+fn parse_mask(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("`{s}` is not a mask ({e}); give a number such as 7 or 0x1f"))
+}
+
+/// Writes the trace and a one-line summary on stderr.
+pub fn run(args: &SynthArgs) -> anyhow::Result<ExitCode> {
+    let p = SynthParams {
+        mask: args.mask,
+        threads: args.threads,
+        cpus: args.cpus,
+        loops: args.loops,
+        nr_pages: args.nr_pages,
+        seed: args.seed,
+        junk: args.junk,
+        busy_list: args.busy_list,
+        purge_latency_ns: u64::try_from(args.purge_latency.as_nanos()).unwrap_or(u64::MAX),
+        ..SynthParams::default()
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let out: Box<dyn Write> = if args.output.as_os_str() == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(
+            File::create(&args.output)
+                .with_context(|| format!("cannot create {}", args.output.display()))?,
+        )
+    };
+    let s = generate(&p, argv, out).context("generating the synthetic trace")?;
+    if s.tests.is_empty() {
+        eprintln!("vmtrace synth: mask {:#x} enables no test that goes through alloc_vmap_area; the trace has no events", args.mask);
+    }
+    eprintln!(
+        "vmtrace synth: {} lines, {} alloc ({} failed attempts), {} free, {} purge over {:.3} ms; tests: {}",
+        s.lines,
+        s.events.alloc,
+        s.failed_attempts,
+        s.events.free,
+        s.events.purge,
+        s.duration_ns as f64 / 1e6,
+        s.tests.join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
+}
