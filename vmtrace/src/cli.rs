@@ -148,6 +148,18 @@ pub struct ReplayArgs {
     /// How many divergences to list with their context.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub divergences: usize,
+
+    /// Free-running what-if replay: the model picks every address and purges on its own
+    /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,
+    /// page-table slots, purges, lock sections and predicted lock waits per variant. Also done,
+    /// after the fidelity reports, whenever more than one --variant is given.
+    #[arg(long)]
+    pub free_running: bool,
+
+    /// Free-running: delay from the free that crosses the threshold to the drain work's purge
+    /// (`nodes-capped` queues it on the high-priority workqueue: 50 µs).
+    #[arg(long, value_parser = parse_duration, default_value = "1ms")]
+    pub purge_latency: Duration,
 }
 
 fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {

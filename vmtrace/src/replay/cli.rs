@@ -6,19 +6,27 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use super::{render_text, replay, ReplayOptions};
+use super::free_run::{free_run, FreeRunOptions};
+use super::{render_comparison, render_text, replay, ReplayOptions};
 use crate::cli::ReplayArgs;
 use crate::model::Variant;
 
-/// Runs one replay per requested variant and prints the reports.
+/// Runs one replay per requested variant and prints the reports; with `--free-running`, or
+/// with several variants, the free-running what-if comparison as well.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     let variants = if args.variants.is_empty() {
         vec![Variant::Nodes]
     } else {
         args.variants.clone()
     };
+    let compare = args.free_running || variants.len() > 1;
     let mut reports = Vec::new();
-    for variant in variants {
+    let mut what_ifs = Vec::new();
+    let fr = FreeRunOptions {
+        purge_latency_ns: u64::try_from(args.purge_latency.as_nanos()).unwrap_or(u64::MAX),
+        ..FreeRunOptions::default()
+    };
+    for &variant in &variants {
         let opts = ReplayOptions {
             variant,
             strict: args.strict,
@@ -26,19 +34,30 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
             lazy_max_pages: args.lazy_max,
             max_divergences: args.divergences,
         };
-        let input = open(&args.trace)?;
-        let report = replay(input, &opts).with_context(|| {
+        let context = || {
             format!(
                 "replaying {} with variant {}",
                 args.trace.display(),
                 variant.name()
             )
-        })?;
-        reports.push(report);
+        };
+        if !args.free_running {
+            let report = replay(open(&args.trace)?, &opts).with_context(context)?;
+            reports.push(report);
+        }
+        if compare {
+            let w = free_run(open(&args.trace)?, &opts, &fr).with_context(context)?;
+            what_ifs.push(w);
+        }
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &reports)?;
+        if compare {
+            let doc = serde_json::json!({ "fidelity": reports, "what_if": what_ifs });
+            serde_json::to_writer_pretty(&mut out, &doc)?;
+        } else {
+            serde_json::to_writer_pretty(&mut out, &reports)?;
+        }
         writeln!(out)?;
     } else {
         for (i, r) in reports.iter().enumerate() {
@@ -46,6 +65,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
                 writeln!(out)?;
             }
             out.write_all(render_text(r).as_bytes())?;
+        }
+        if compare {
+            if !reports.is_empty() {
+                writeln!(out)?;
+            }
+            out.write_all(render_comparison(&what_ifs).as_bytes())?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -19,6 +19,7 @@
 //! that put observed frees into the pools of every node.
 
 pub mod cli;
+pub mod free_run;
 mod report;
 pub mod timing;
 
@@ -33,7 +34,8 @@ use crate::model::{
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 
-pub use report::render_text;
+pub use free_run::{free_run, FreeRunOptions, WhatIf};
+pub use report::{render_comparison, render_text};
 
 /// How to replay.
 #[derive(Clone, Debug)]

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Agreement, Report};
+use super::{Agreement, Report, WhatIf};
 
 fn agreement(a: &Agreement) -> String {
     format!("{:>7.3} %  ({} of {})", a.percent(), a.agreed, a.compared)
@@ -148,5 +148,79 @@ pub fn render_text(r: &Report) -> String {
         "lock sections: free_vmap_area_lock {}, vmap_purge_lock {}, page_table_lock {}, busy {:?}, lazy {:?}, pool {:?}",
         l.free_vmap_area_lock, l.vmap_purge_lock, l.page_table_lock, l.busy, l.lazy, l.pool
     );
+    o
+}
+
+/// The free-running comparison of variants: one row per variant, then the waits per lock class.
+pub fn render_comparison(w: &[WhatIf]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "what-if (free-running: the model places every area and purges on its own threshold; predicted lock waits from the contention model, docs/model.md)"
+    );
+    let _ = writeln!(
+        o,
+        "  {:<13} {:>5} {:>9} {:>10} {:>12} {:>12} {:>14} {:>8} {:>9}",
+        "variant",
+        "nodes",
+        "lazy_max",
+        "lock wait",
+        "throughput",
+        "footprint",
+        "PT slots",
+        "purges",
+        "failures"
+    );
+    let _ = writeln!(
+        o,
+        "  {:<13} {:>5} {:>9} {:>10} {:>12} {:>12} {:>14} {:>8} {:>9}",
+        "", "", "pages", "share", "Mops/s", "MiB", "PTE/PMD/PUD", "", ""
+    );
+    for v in w {
+        let _ = writeln!(
+            o,
+            "  {:<13} {:>5} {:>9} {:>9.1}% {:>12.3} {:>12.1} {:>14} {:>8} {:>9}",
+            v.variant.name(),
+            v.nodes,
+            v.lazy_max_pages,
+            100.0 * v.lock_wait_share,
+            v.throughput_ops_per_s / 1e6,
+            v.high_water_bytes as f64 / f64::from(1u32 << 20),
+            format!(
+                "{}/{}/{}",
+                v.slots.pte_tables, v.slots.pmd_tables, v.slots.pud_tables
+            ),
+            v.purges,
+            v.alloc_failures
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n  lock waits per class (sections, held ms, predicted wait ms, peak utilisation of one instance in a window)"
+    );
+    for v in w {
+        let _ = writeln!(
+            o,
+            "  {} ({} allocs, {} frees over {:.3} ms on {} CPUs, {} frees of unknown areas):",
+            v.variant.name(),
+            v.allocs,
+            v.frees,
+            v.duration_ns as f64 / 1e6,
+            v.cpus,
+            v.frees_unknown
+        );
+        for c in &v.lock_waits {
+            let _ = writeln!(
+                o,
+                "    {:<16} {:>3} inst {:>10} sections {:>10.3} held {:>12.3} wait  peak {:>6.2}",
+                c.class.name(),
+                c.instances,
+                c.sections,
+                c.held_ns as f64 / 1e6,
+                c.wait_ns as f64 / 1e6,
+                c.max_utilisation
+            );
+        }
+    }
     o
 }

@@ -192,7 +192,15 @@ impl Contention {
         let span = window_ns as f64;
         let rho = w.sum / span;
         let mean = w.sum / w.n as f64;
-        let cap = f64::from(cpus - 1) * mean;
+        // The drain work is one work item and free-running replay runs purges one after the
+        // other, so nothing queues on `vmap_purge_lock` there; every other lock can have a
+        // waiter on each other CPU.
+        let waiters = if class == LockClass::PurgeMutex {
+            0
+        } else {
+            cpus - 1
+        };
+        let cap = f64::from(waiters) * mean;
         let wq = if rho < 1.0 {
             ((w.sum_sq / span) / (2.0 * (1.0 - rho))).min(cap)
         } else {

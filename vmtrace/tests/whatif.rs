@@ -1,0 +1,87 @@
+//! What-if sanity, asserted as inequalities: on a synthetic test_vmalloc trace with far more
+//! threads than CPUs (64 CPUs, 256 threads, mask 7), the pre-node `global` design predicts a
+//! much larger lock-wait share and a lower throughput than `nodes`, and capping the pools
+//! (`nodes-capped`) never needs more page-table slots than `nodes`. The sizes are scaled down
+//! (--loops 50, --junk 16, --busy-list 20, lazy_max 512 pages) so that it runs in seconds and
+//! still purges several times; `cargo test --test whatif -- --nocapture` prints the figures.
+
+use vmtrace::model::Variant;
+use vmtrace::replay::{free_run, FreeRunOptions, ReplayOptions, WhatIf};
+use vmtrace::synth::{generate, SynthParams};
+
+fn trace() -> Vec<u8> {
+    let p = SynthParams {
+        mask: 7,
+        threads: 256,
+        cpus: 64,
+        loops: 50,
+        junk: Some(16),
+        busy_list: 20,
+        seed: 1,
+        ..SynthParams::default()
+    };
+    let mut out = Vec::new();
+    generate(&p, vec!["vmtrace".into(), "synth".into()], &mut out).expect("generation");
+    out
+}
+
+fn what_if(bytes: &[u8], variant: Variant) -> WhatIf {
+    let opts = ReplayOptions {
+        variant,
+        lazy_max_pages: Some(512),
+        ..ReplayOptions::default()
+    };
+    let w = free_run(bytes, &opts, &FreeRunOptions::default()).expect("free-running replay");
+    eprintln!(
+        "{:<13} lock-wait share {:5.1} %  throughput {:7.3} Mops/s  footprint {:7.1} MiB  PT slots {}/{}/{}  purges {}",
+        variant.name(),
+        100.0 * w.lock_wait_share,
+        w.throughput_ops_per_s / 1e6,
+        w.high_water_bytes as f64 / 1048576.0,
+        w.slots.pte_tables,
+        w.slots.pmd_tables,
+        w.slots.pud_tables,
+        w.purges
+    );
+    w
+}
+
+#[test]
+fn global_waits_more_and_capped_pools_need_no_more_page_tables() {
+    let bytes = trace();
+    let nodes = what_if(&bytes, Variant::Nodes);
+    let capped = what_if(&bytes, Variant::NodesCapped);
+    let global = what_if(&bytes, Variant::Global);
+    for w in [&nodes, &capped, &global] {
+        assert_eq!(w.alloc_failures, 0);
+        assert_eq!(w.frees_unknown, 0);
+        assert_eq!(w.cpus, 64);
+        assert!(w.purges >= 2, "{:?} purged {} times", w.variant, w.purges);
+    }
+    assert!(
+        global.lock_wait_share > 1.5 * nodes.lock_wait_share
+            && global.lock_wait_share - nodes.lock_wait_share > 0.2,
+        "global {} vs nodes {}",
+        global.lock_wait_share,
+        nodes.lock_wait_share
+    );
+    assert!(
+        global.throughput_ops_per_s < 0.6 * nodes.throughput_ops_per_s,
+        "global {} vs nodes {}",
+        global.throughput_ops_per_s,
+        nodes.throughput_ops_per_s
+    );
+    assert!(capped.page_table_pages <= nodes.page_table_pages);
+    assert!(capped.slots.pte_tables <= nodes.slots.pte_tables);
+    // The per-node busy locks are what spreads the load: one instance in `global`.
+    let busy = |w: &WhatIf| {
+        w.lock_waits
+            .iter()
+            .find(|c| c.class.name() == "node_busy_lock")
+            .map(|c| (c.instances, c.wait_ns))
+            .unwrap_or_default()
+    };
+    assert_eq!(busy(&nodes).0, 64);
+    assert_eq!(busy(&global).0, 1);
+    assert!(busy(&global).1 > 100 * busy(&nodes).1.max(1));
+}
