@@ -12,8 +12,8 @@ use vmtrace::host::tracefs::Field;
 use vmtrace::trace::{
     Alloc, AllocinfoSample, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free,
     Header, KAddr, LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo,
-    ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Synthetic, Tool,
-    TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
+    ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Synthetic,
+    Tool, TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -708,7 +708,10 @@ fn optional_fields_are_omitted_and_nullable_ones_are_null() {
     for k in ["lazy_max_pages_tracepoint", "vmalloc_start", "vmalloc_end"] {
         assert_eq!(h["vmap"][k], Value::Null, "`{k}`");
     }
-    assert!(h.get("synthetic").is_none(), "`synthetic` written for a recording");
+    assert!(
+        h.get("synthetic").is_none(),
+        "`synthetic` written for a recording"
+    );
     assert!(errors(&h).is_empty(), "{:?}", errors(&h));
 }
 
