@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use super::timing::{ClassWait, Contention, Costs};
 use super::{ReplayError, ReplayOptions, Replayer};
-use crate::model::{AllocRequest, LockCounts, Model, NodeLayout, Params, SlotCounts, Variant};
-use crate::trace::{LockClass, Record, TraceReader};
+use crate::model::{AllocRequest, LockCounts, Model, SlotCounts, Variant};
+use crate::trace::{LockClass, Record};
 
 /// Worker latencies of the purge (the drain work's queueing delay).
 #[derive(Clone, Copy, Debug)]
@@ -99,50 +99,15 @@ pub fn free_run<R: BufRead>(
     opts: &ReplayOptions,
     fr: &FreeRunOptions,
 ) -> Result<WhatIf, ReplayError> {
-    let mut reader = TraceReader::new(input);
-    let header = reader.read_header()?;
-    let snapshot = match reader.next() {
-        Some(Ok(Record::Vmallocinfo(s))) => s,
-        Some(Ok(other)) => {
-            return Err(ReplayError::NoSnapshot {
-                line: reader.line(),
-                found: format!("a {} record", crate::trace::reader::kind_name(&other)),
-            })
-        }
-        Some(Err(e)) => return Err(e.into()),
-        None => {
-            return Err(ReplayError::NoSnapshot {
-                line: reader.line() + 1,
-                found: "the end of the file".into(),
-            })
-        }
-    };
-    if !snapshot.real_addresses {
-        return Err(ReplayError::HashedSnapshot);
-    }
-    let (Some(vstart), Some(vend)) = (header.vmap.vmalloc_start, header.vmap.vmalloc_end) else {
-        return Err(ReplayError::NoVmallocRange);
-    };
-    let page = header.system.page_size;
-    let layout = match opts.nodes {
-        Some(n) => NodeLayout::from_cpus(n, page),
-        None => NodeLayout::new(header.vmap.nr_vmap_nodes, header.vmap.zone_size),
-    };
-    let lazy_max = opts.lazy_max_pages.unwrap_or(
-        header
-            .vmap
-            .lazy_max_pages_tracepoint
-            .unwrap_or(header.vmap.lazy_max_pages_computed),
-    );
-    let params = Params {
-        page_size: page,
-        layout,
-        lazy_max_pages: lazy_max,
-        vmalloc_start: vstart.0,
-        vmalloc_end: vend.0,
-        five_level: vstart.0 < 0xff00_0000_0000_0000,
-        variant: opts.variant,
-    };
+    let super::Opened {
+        mut reader,
+        header,
+        snapshot,
+        params,
+    } = super::open(input, opts)?;
+    let (vstart, vend) = (params.vmalloc_start, params.vmalloc_end);
+    let lazy_max = params.lazy_max_pages;
+    let layout = params.layout;
     // Seed exactly as observed-timing replay does.
     let mut seeder = Replayer::new(Model::new(params)?, opts);
     seeder.seed(&snapshot);
@@ -187,7 +152,7 @@ pub fn free_run<R: BufRead>(
                 if a.failed != 0 {
                     continue;
                 }
-                if a.vstart.0 < vstart.0 || a.vend.0 > vend.0 {
+                if a.vstart.0 < vstart || a.vend.0 > vend {
                     continue;
                 }
                 run.alloc(&a)?;

@@ -229,8 +229,18 @@ pub struct EventTally {
     pub lines: usize,
 }
 
-/// Replays a whole trace.
-pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, ReplayError> {
+/// A trace opened for replay: the reader positioned after the snapshot, and the model
+/// parameters its header gives (overridden by the options).
+pub(crate) struct Opened<R: BufRead> {
+    pub reader: TraceReader<R>,
+    pub header: crate::trace::Header,
+    pub snapshot: Box<crate::trace::VmallocSnapshot>,
+    pub params: Params,
+}
+
+/// Reads header and snapshot and derives the model parameters; shared by observed-timing and
+/// free-running replay so both seed from the same facts.
+pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<R>, ReplayError> {
     let mut reader = TraceReader::new(input);
     let header = reader.read_header()?;
     let snapshot = match reader.next() {
@@ -276,6 +286,22 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
         five_level: vstart.0 < 0xff00_0000_0000_0000,
         variant: opts.variant,
     };
+    Ok(Opened {
+        reader,
+        header,
+        snapshot,
+        params,
+    })
+}
+
+/// Replays a whole trace.
+pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, ReplayError> {
+    let Opened {
+        mut reader,
+        snapshot,
+        params,
+        ..
+    } = open(input, opts)?;
     let mut r = Replayer::new(Model::new(params)?, opts);
     r.seed(&snapshot);
     while let Some(rec) = reader.next() {
