@@ -188,6 +188,21 @@ fn submit_flags() -> u64 {
     }
 }
 
+/// Writes the task context every event carries (time, kind, CPU, tgid/pid, comm).
+#[inline(always)]
+fn fill_context(ev: *mut Event, event_kind: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: callers pass a reserved, exclusively owned ring-buffer record.
+    unsafe {
+        (*ev).ts_ns = bpf_ktime_get_boot_ns();
+        (*ev).kind = event_kind;
+        (*ev).cpu = bpf_get_smp_processor_id();
+        (*ev).tgid = (pid_tgid >> 32) as u32;
+        (*ev).pid = pid_tgid as u32;
+        (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    }
+}
+
 /// Writes one event whose payload the probe computed itself (not copied from a tracepoint).
 #[inline(always)]
 pub fn emit_values<C: EbpfContext>(
@@ -200,15 +215,9 @@ pub fn emit_values<C: EbpfContext>(
         return Err(-1);
     };
     let ev = entry.as_mut_ptr();
-    let pid_tgid = bpf_get_current_pid_tgid();
+    fill_context(ev, event_kind);
     // SAFETY: `ev` points at a reserved, exclusively owned record of the right size.
     unsafe {
-        (*ev).ts_ns = bpf_ktime_get_boot_ns();
-        (*ev).kind = event_kind;
-        (*ev).cpu = bpf_get_smp_processor_id();
-        (*ev).tgid = (pid_tgid >> 32) as u32;
-        (*ev).pid = pid_tgid as u32;
-        (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
         (*ev).fields = *values;
     }
     entry.submit(submit_flags());
@@ -243,15 +252,9 @@ pub fn emit(ctx: &TracePointContext, event_kind: u32, layout: &TpLayout) -> Resu
         return Err(-1);
     };
     let ev = entry.as_mut_ptr();
-    let pid_tgid = bpf_get_current_pid_tgid();
+    fill_context(ev, event_kind);
     // SAFETY: `ev` points at a reserved, exclusively owned record of the right size.
     unsafe {
-        (*ev).ts_ns = bpf_ktime_get_boot_ns();
-        (*ev).kind = event_kind;
-        (*ev).cpu = bpf_get_smp_processor_id();
-        (*ev).tgid = (pid_tgid >> 32) as u32;
-        (*ev).pid = pid_tgid as u32;
-        (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
         // Iterating the two fixed-size arrays together leaves no bounds check (and so no
         // panic path) for the verifier to reject.
         for (i, (slot, loc)) in (*ev)
