@@ -8,7 +8,6 @@
 //! 3. `/proc/vmallocinfo` is snapshotted after the probes are live, so every area a later event
 //!    frees is either in the snapshot or allocated by a recorded event.
 
-use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
@@ -51,55 +50,38 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Holds decoded events until the watermark passes them, then releases them in time order.
+///
+/// The ring buffer delivers events almost sorted (records are reserved in time order; only
+/// CPUs racing between reserve and timestamp swap neighbours), so an insertion from the back
+/// of a deque is O(1) per event. A binary heap moved whole records on every sift: it was 17 %
+/// of `record`'s samples, and memmove another 26 %.
 #[derive(Default)]
 pub struct Reorder {
-    heap: BinaryHeap<std::cmp::Reverse<Pending>>,
-    seq: u64,
+    queue: std::collections::VecDeque<Pending>,
     last_emitted_ts: u64,
     pub late: u64,
 }
 
 struct Pending {
     ts: u64,
-    seq: u64,
     record: Record,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, o: &Self) -> bool {
-        (self.ts, self.seq) == (o.ts, o.seq)
-    }
-}
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Pending {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.ts, self.seq).cmp(&(o.ts, o.seq))
-    }
 }
 
 impl Reorder {
     pub fn push(&mut self, record: Record) {
         let ts = record.ts_ns().unwrap_or(0);
-        self.seq += 1;
-        self.heap.push(std::cmp::Reverse(Pending {
-            ts,
-            seq: self.seq,
-            record,
-        }));
+        // After every entry with an equal timestamp, so ties keep their arrival order.
+        let mut at = self.queue.len();
+        while at > 0 && self.queue[at - 1].ts > ts {
+            at -= 1;
+        }
+        self.queue.insert(at, Pending { ts, record });
     }
 
     /// Pops every event with a timestamp below `watermark` (all of them with `u64::MAX`).
     pub fn pop_ready(&mut self, watermark: u64, mut out: impl FnMut(Record)) {
-        while let Some(top) = self.heap.peek() {
-            if top.0.ts >= watermark {
-                break;
-            }
-            let Some(std::cmp::Reverse(p)) = self.heap.pop() else {
+        while self.queue.front().is_some_and(|p| p.ts < watermark) {
+            let Some(p) = self.queue.pop_front() else {
                 break;
             };
             if p.ts < self.last_emitted_ts {
@@ -111,7 +93,7 @@ impl Reorder {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Record> {
-        self.heap.iter().map(|p| &p.0.record)
+        self.queue.iter().map(|p| &p.record)
     }
 }
 
@@ -757,5 +739,31 @@ mod tests {
         r.pop_ready(u64::MAX, |rec| out.push(rec.ts_ns().unwrap()));
         assert_eq!(out, [10, 20, 30, 25, 40, 50]);
         assert_eq!(r.late, 1);
+    }
+
+    proptest::proptest! {
+        /// Whatever the arrival order, everything comes out once, in time order, and ties keep
+        /// their arrival order.
+        #[test]
+        fn reorder_sorts_any_arrival_order(ts in proptest::collection::vec(0u64..50, 0..200)) {
+            let mut r = Reorder::default();
+            for (i, t) in ts.iter().enumerate() {
+                let mut rec = purge(*t);
+                if let Record::Purge(p) = &mut rec {
+                    p.npurged = i as u32;
+                }
+                r.push(rec);
+            }
+            let mut out = Vec::new();
+            r.pop_ready(u64::MAX, |rec| {
+                if let Record::Purge(p) = rec {
+                    out.push((p.ctx.ts_ns, p.npurged));
+                }
+            });
+            let mut want: Vec<(u64, u32)> = ts.iter().enumerate().map(|(i, t)| (*t, i as u32)).collect();
+            want.sort();
+            proptest::prop_assert_eq!(out, want);
+            proptest::prop_assert_eq!(r.late, 0);
+        }
     }
 }
