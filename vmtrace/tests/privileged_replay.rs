@@ -6,21 +6,12 @@
 //! model regression, not the remaining known divergence classes. Without BPF privileges the test
 //! skips loudly, unless `VMTRACE_REQUIRE_PRIVILEGED=1`, where it fails.
 
+mod common;
+
+use common::privileged;
 use std::process::Command;
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
-
-fn privileged() -> bool {
-    let ok = vmtrace::host::system::bpf_capable().unwrap_or(false);
-    if !ok {
-        let msg = "needs root (CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN) to load BPF probes";
-        if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-            panic!("VMTRACE_REQUIRE_PRIVILEGED=1 but this test {msg}");
-        }
-        eprintln!("\n!!!!!!!! SKIPPED: this test {msg} !!!!!!!!\n");
-    }
-    ok
-}
 
 #[test]
 fn replay_of_real_stress_meets_the_floors() {

@@ -5,6 +5,9 @@
 //! every dashboard expression runs, /healthz, and a clean exit on SIGTERM.
 //! Needs root; run with `--release -- --test-threads=1`.
 
+mod common;
+
+use common::privileged;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -12,19 +15,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
-
-/// Skips (loudly) without root, unless VMTRACE_REQUIRE_PRIVILEGED=1 makes that a failure.
-fn privileged(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-        panic!("{test}: needs root and VMTRACE_REQUIRE_PRIVILEGED=1 is set");
-    }
-    eprintln!("SKIPPED {test}: needs root (set VMTRACE_REQUIRE_PRIVILEGED=1 to fail instead)");
-    false
-}
 
 /// A child process killed (and reaped) on drop, so a failing assertion leaves nothing behind.
 struct Guard(Option<Child>);
@@ -144,7 +134,7 @@ fn start_prometheus(dir: &Path, target: SocketAddr, port: u16) -> Guard {
 
 #[test]
 fn serve_is_scraped_by_prometheus_while_stress_runs() {
-    if !privileged("serve_is_scraped_by_prometheus_while_stress_runs") {
+    if !privileged() {
         return;
     }
     let tmp = tempfile::tempdir().expect("temp dir");

@@ -3,23 +3,13 @@
 //! are non-zero, quits with `q` and checks the terminal came back (no raw mode, cursor shown,
 //! main screen). Needs root for the live half; run with `--release -- --test-threads=1`.
 
+mod common;
+
+use common::privileged;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
-
-/// Skips (loudly) without root, unless VMTRACE_REQUIRE_PRIVILEGED=1 makes that a failure.
-fn privileged(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("VMTRACE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
-        panic!("{test}: needs root and VMTRACE_REQUIRE_PRIVILEGED=1 is set");
-    }
-    eprintln!("SKIPPED {test}: needs root (set VMTRACE_REQUIRE_PRIVILEGED=1 to fail instead)");
-    false
-}
 
 /// A detached tmux session, killed on drop.
 struct Tmux {
@@ -162,7 +152,7 @@ fn assert_moved(a: [(u64, u64); 2], b: [(u64, u64); 2]) {
 
 #[test]
 fn top_live_while_stress_runs() {
-    if !privileged("top_live_while_stress_runs") {
+    if !privileged() {
         return;
     }
     let t = Tmux::start("live", &format!("{BIN} top"));
@@ -181,7 +171,7 @@ fn top_live_while_stress_runs() {
 
 #[test]
 fn top_replays_the_bundled_trace() {
-    if !privileged("top_replays_the_bundled_trace") {
+    if !privileged() {
         return;
     }
     let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl");
@@ -213,7 +203,7 @@ fn top_batch_mode_prints_screens_and_exits() {
 /// reason. Run as `nobody` through setpriv, the same binary and arguments.
 #[test]
 fn unprivileged_top_replays_the_bundled_trace_with_a_banner() {
-    if !privileged("unprivileged_top_replays_the_bundled_trace_with_a_banner") {
+    if !privileged() {
         return;
     }
     let out = Command::new("setpriv")
