@@ -102,6 +102,19 @@ pub struct ClassWait {
     /// Highest utilisation of one instance in one window (can exceed 1: more demand than the
     /// lock can serve, the wait is then the bounded-queue cap).
     pub max_utilisation: f64,
+    /// Distribution of the predicted wait of one section, in exp2 buckets (empty until the
+    /// timing model produces per-section waits). Charts and `--json` consumers read it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub wait_histogram: Vec<HistBucket>,
+}
+
+/// One exp2 bucket of a wait distribution: `count` sections waited at most `le_ns` (and more
+/// than the previous bucket's bound). Prometheus-style upper bounds, so the exporter's and the
+/// model's distributions read the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HistBucket {
+    pub le_ns: u64,
+    pub count: u64,
 }
 
 /// Accumulator of critical sections per lock instance, in time windows.
@@ -133,6 +146,7 @@ impl ClassWait {
             held_ns: 0,
             wait_ns: 0,
             max_utilisation: 0.0,
+            wait_histogram: Vec::new(),
         }
     }
 }
