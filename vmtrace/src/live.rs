@@ -10,15 +10,18 @@ use crate::trace::Record;
 
 /// Decodes everything in the ring buffer and hands each record to `push`, resolving contention
 /// stacks (cached by stack id: the stack map is read once per distinct stack) to lock classes.
+/// Returns how many ring records could not be decoded (`record` counts them in the footer).
 pub fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     probes: &LoadedProbes,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
     mut push: impl FnMut(Record),
-) {
+) -> u64 {
+    let mut undecodable = 0;
     while let Some(item) = ring.next() {
         let Some(mut rec) = decode(&item) else {
+            undecodable += 1;
             continue;
         };
         if let Record::Contention(c) = &mut rec {
@@ -34,4 +37,5 @@ pub fn drain(
         }
         push(rec);
     }
+    undecodable
 }

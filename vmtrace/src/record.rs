@@ -7,9 +7,15 @@
 //!    `lazy_max_pages` from the kernel itself;
 //! 3. `/proc/vmallocinfo` is snapshotted after the probes are live, so every area a later event
 //!    frees is either in the snapshot or allocated by a recorded event.
+//!
+//! The pieces between the ring buffer and a finished file ([`Pipeline`], [`TraceFile`],
+//! [`ProbeCounters`], [`footer`], [`calibrate`], [`header`]) are public because
+//! `vmtrace serve --record` writes its rotating files with the very same code
+//! (`export::rotate`): one pipeline, so a file from either reads and replays the same way.
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -20,12 +26,13 @@ use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordArgs;
-use crate::host::{system, vmallocinfo};
+use crate::host::system::{self, SystemFacts};
+use crate::host::vmallocinfo;
 use crate::probe::contention::Classifier;
-use crate::probe::{decode, LoadedProbes};
+use crate::probe::LoadedProbes;
 use crate::trace::{
     self, ClassTotal, EventCounts, Footer, Header, KAddr, LadderCounts, LadderStats, LockClass,
-    Meminfo, Record, StopReason, Tool, TraceWriter, VmapFacts,
+    Meminfo, Record, StopReason, Tool, TraceWriter, VmallocSnapshot, VmapFacts,
 };
 
 /// Exit status when events were lost: the trace is complete as a file but not as a record.
@@ -33,9 +40,9 @@ pub const EXIT_LOST_EVENTS: u8 = 3;
 
 /// Events are held this long before being written, so records reserved on different CPUs in
 /// a slightly different order than their timestamps are written in timestamp order.
-const REORDER_WINDOW_NS: u64 = 50_000_000;
+pub const REORDER_WINDOW_NS: u64 = 50_000_000;
 /// How often buffered output is flushed; bounds what a SIGKILL can lose.
-const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// Calibration waits at most this long for its own allocation and free to come back.
 const CALIBRATION_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often calibration looks for its own events.
@@ -57,7 +64,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
 /// of `record`'s samples, and memmove another 26 %.
 #[derive(Default)]
 pub struct Reorder {
-    queue: std::collections::VecDeque<Pending>,
+    queue: VecDeque<Pending>,
     last_emitted_ts: u64,
     pub late: u64,
 }
@@ -78,47 +85,171 @@ impl Reorder {
         self.queue.insert(at, Pending { ts, record });
     }
 
+    /// Pops the oldest event if its timestamp is below `watermark` (any event with
+    /// `u64::MAX`). One at a time, so a writer can act between two events (rotate a file).
+    pub fn pop_one(&mut self, watermark: u64) -> Option<Record> {
+        if self.queue.front()?.ts >= watermark {
+            return None;
+        }
+        let p = self.queue.pop_front()?;
+        if p.ts < self.last_emitted_ts {
+            self.late += 1;
+        }
+        self.last_emitted_ts = self.last_emitted_ts.max(p.ts);
+        Some(p.record)
+    }
+
     /// Pops every event with a timestamp below `watermark` (all of them with `u64::MAX`).
     pub fn pop_ready(&mut self, watermark: u64, mut out: impl FnMut(Record)) {
-        while self.queue.front().is_some_and(|p| p.ts < watermark) {
-            let Some(p) = self.queue.pop_front() else {
-                break;
-            };
-            if p.ts < self.last_emitted_ts {
-                self.late += 1;
-            }
-            self.last_emitted_ts = self.last_emitted_ts.max(p.ts);
-            out(p.record);
+        while let Some(rec) = self.pop_one(watermark) {
+            out(rec);
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Record> {
         self.queue.iter().map(|p| &p.record)
     }
+
+    /// Events held.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
 }
 
-struct Session {
-    ring: AsyncFd<RingBuf<MapData>>,
-    reorder: Reorder,
-    counts: EventCounts,
+/// From the ring buffer to trace records in time order: decoding, contention stacks resolved to
+/// lock classes (through [`crate::live::drain`], as `top` and `serve` count them), work-item
+/// functions resolved to names, then the reorder window.
+pub struct Pipeline {
+    pub reorder: Reorder,
     undecodable: u64,
-    ladder: LadderTally,
+    classifier: Classifier,
+    /// Resolved contention stacks by stack id: the stack map is read once per distinct stack.
+    stacks: HashMap<i64, Vec<String>>,
+    /// False when nothing writes the records (`serve` without `--record`): they are only
+    /// observed, never held.
+    keep: bool,
 }
 
-/// What the session learns from the ladder's events while they stream through.
-#[derive(Default)]
-struct LadderTally {
-    counts: LadderCounts,
-    classifier: Classifier,
-    stacks: std::collections::HashMap<i64, Vec<String>>,
-    by_class: std::collections::BTreeMap<LockClass, (u64, u64)>,
+impl Pipeline {
+    /// A pipeline for a kernel with `nodes` vmap nodes; `keep` is false when the records are
+    /// only observed and dropped.
+    pub fn new(nodes: u32, keep: bool) -> Self {
+        Pipeline {
+            reorder: Reorder::default(),
+            undecodable: 0,
+            classifier: Classifier::new(nodes),
+            stacks: HashMap::new(),
+            keep,
+        }
+    }
+
+    /// Moves everything currently in the ring buffer into the reorder buffer; `observe` sees
+    /// each record first, in arrival order.
+    pub fn drain(
+        &mut self,
+        ring: &mut RingBuf<MapData>,
+        probes: &LoadedProbes,
+        mut observe: impl FnMut(&Record),
+    ) {
+        let Pipeline {
+            reorder,
+            classifier,
+            stacks,
+            keep,
+            ..
+        } = self;
+        let undecodable = crate::live::drain(ring, probes, classifier, stacks, |mut rec| {
+            observe(&rec);
+            if !*keep {
+                return;
+            }
+            if let Record::Work(w) = &mut rec {
+                w.function = probes
+                    .ksyms
+                    .as_ref()
+                    .and_then(|k| k.resolve(w.function_addr.0))
+                    .map(|(s, _)| s.name.clone())
+                    .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
+            }
+            reorder.push(rec);
+        });
+        self.undecodable += undecodable;
+    }
+
+    /// Adds a record that did not come from the ring buffer (a meminfo or allocinfo sample).
+    pub fn push(&mut self, rec: Record) {
+        if self.keep {
+            self.reorder.push(rec);
+        }
+    }
+
+    /// Events written out of order plus ring records that could not be decoded: the footer's
+    /// `late_events`, cumulative.
+    pub fn late_events(&self) -> u64 {
+        self.reorder.late + self.undecodable
+    }
+
+    /// Empties the stack cache once it holds more than `max` stacks, so a daemon's memory stays
+    /// bounded however many distinct stacks it meets (they are re-read on demand).
+    pub fn bound_stack_cache(&mut self, max: usize) {
+        if self.stacks.len() > max {
+            self.stacks.clear();
+        }
+    }
+
+    /// Stops holding records (the writer failed): from now on they are only observed.
+    pub fn stop_keeping(&mut self) {
+        self.keep = false;
+        self.reorder = Reorder::default();
+    }
+}
+
+/// What one trace file holds, counted as its records are written: its footer's counts.
+#[derive(Debug, Default)]
+pub struct FileTally {
+    pub events: EventCounts,
+    ladder: LadderCounts,
+    by_class: BTreeMap<LockClass, (u64, u64)>,
     /// `(pid, start, end)` of every `drain_vmap_area_work` item.
     drain_items: Vec<(u32, u64, u64)>,
     /// `(pid, ts)` of every purge run by a kworker.
     worker_purges: Vec<(u32, u64)>,
 }
 
-impl LadderTally {
+impl FileTally {
+    fn add(&mut self, rec: &Record) {
+        match rec {
+            Record::Alloc(_) => self.events.alloc += 1,
+            Record::Free(_) => self.events.free += 1,
+            Record::Purge(p) => {
+                self.events.purge += 1;
+                if p.ctx.comm.starts_with("kworker") {
+                    self.worker_purges.push((p.ctx.pid, p.ctx.ts_ns));
+                }
+            }
+            Record::Contention(c) => {
+                self.ladder.contention += 1;
+                let e = self.by_class.entry(c.class).or_default();
+                e.0 += 1;
+                e.1 += c.wait_ns;
+            }
+            Record::Work(w) => {
+                self.ladder.work += 1;
+                if w.function == "drain_vmap_area_work" {
+                    self.drain_items
+                        .push((w.ctx.pid, w.start_ns, w.start_ns + w.duration_ns));
+                }
+            }
+            Record::PtPage(_) => self.ladder.pt_page += 1,
+            Record::Latency(_) => self.ladder.latency += 1,
+            _ => {}
+        }
+    }
+
     /// Purges from workers, and how many lie inside a drain work item of the same worker.
     fn purge_matching(&self) -> (u64, u64) {
         let matched = self
@@ -134,176 +265,275 @@ impl LadderTally {
     }
 }
 
-impl Session {
-    /// Moves everything currently in the ring buffer into the reorder buffer, resolving the
-    /// stacks, lock classes and work-function names the ring records only carry as ids.
-    fn drain_ring(&mut self, probes: &LoadedProbes) {
-        let ring = self.ring.get_mut();
-        while let Some(item) = ring.next() {
-            match decode(&item) {
-                Some(mut rec) => {
-                    let t = &mut self.ladder;
-                    match &mut rec {
-                        Record::Alloc(_) => self.counts.alloc += 1,
-                        Record::Free(_) => self.counts.free += 1,
-                        Record::Purge(p) => {
-                            self.counts.purge += 1;
-                            if p.ctx.comm.starts_with("kworker") {
-                                t.worker_purges.push((p.ctx.pid, p.ctx.ts_ns));
-                            }
-                        }
-                        Record::Contention(c) => {
-                            t.counts.contention += 1;
-                            if c.stack_id >= 0 {
-                                c.stack = t
-                                    .stacks
-                                    .entry(c.stack_id)
-                                    .or_insert_with(|| {
-                                        probes.stack_frames(c.stack_id).unwrap_or_default()
-                                    })
-                                    .clone();
-                            }
-                            let r = t.classifier.classify(&c.stack, c.lock.0, c.flags);
-                            c.class = r.class;
-                            c.node = r.node;
-                            let e = t.by_class.entry(r.class).or_default();
-                            e.0 += 1;
-                            e.1 += c.wait_ns;
-                        }
-                        Record::Work(w) => {
-                            t.counts.work += 1;
-                            w.function = probes
-                                .ksyms
-                                .as_ref()
-                                .and_then(|k| k.resolve(w.function_addr.0))
-                                .map(|(s, _)| s.name.clone())
-                                .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
-                            if w.function == "drain_vmap_area_work" {
-                                t.drain_items.push((
-                                    w.ctx.pid,
-                                    w.start_ns,
-                                    w.start_ns + w.duration_ns,
-                                ));
-                            }
-                        }
-                        Record::PtPage(_) => t.counts.pt_page += 1,
-                        Record::Latency(_) => t.counts.latency += 1,
-                        _ => {}
-                    }
-                    self.reorder.push(rec);
-                }
-                None => self.undecodable += 1,
-            }
-        }
+/// A trace being written: header and snapshot first, then events, then a footer.
+pub struct TraceFile<W: Write> {
+    writer: TraceWriter<W>,
+    pub tally: FileTally,
+}
+
+impl<W: Write> TraceFile<W> {
+    /// Writes the header and the snapshot (and flushes them, so the file is readable at once).
+    pub fn start(out: W, header: &Header, snapshot: &VmallocSnapshot) -> io::Result<Self> {
+        let mut writer = TraceWriter::new(out);
+        writer.write(&Record::Header(Box::new(header.clone())))?;
+        writer.write(&Record::Vmallocinfo(Box::new(snapshot.clone())))?;
+        writer.flush()?;
+        Ok(TraceFile {
+            writer,
+            tally: FileTally::default(),
+        })
     }
 
-    /// Samples the allocinfo file into the trace. Returns false when the file cannot be read, so
-    /// the caller stops trying (and says why once).
-    fn sample_allocinfo(&mut self, path: &Path) -> bool {
-        let ts_ns = system::boottime_ns();
-        let bytes = match crate::allocinfo::snapshot::read(path) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("vmtrace: warning: not sampling allocinfo: {e}");
-                return false;
-            }
+    /// Writes one event line and counts it.
+    pub fn write_event(&mut self, rec: &Record) -> io::Result<()> {
+        self.tally.add(rec);
+        self.writer.write(rec)
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+
+    /// Bytes written so far, header included.
+    pub fn bytes_written(&self) -> u64 {
+        self.writer.bytes_written()
+    }
+
+    /// Lines written after the header and the snapshot.
+    pub fn event_lines(&self) -> u64 {
+        self.writer.lines_written().saturating_sub(2)
+    }
+
+    /// Writes the footer and returns the flushed sink.
+    pub fn finish(mut self, footer: &Footer) -> io::Result<W> {
+        self.writer
+            .write(&Record::Footer(Box::new(footer.clone())))?;
+        self.writer.into_inner()
+    }
+}
+
+/// Moves every event below `watermark` from the reorder buffer into the file.
+fn emit<W: Write>(
+    reorder: &mut Reorder,
+    watermark: u64,
+    file: &mut TraceFile<W>,
+) -> io::Result<()> {
+    while let Some(rec) = reorder.pop_one(watermark) {
+        file.write_event(&rec)?;
+    }
+    Ok(())
+}
+
+/// The probes' cumulative counters, read together, so a file that covers only part of the
+/// probes' life (a rotated one) can report the difference since it began.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeCounters {
+    /// Reserve failures `[kind][cpu]`.
+    pub lost: Vec<Vec<u64>>,
+    /// The ladder's `vmtrace_common::counter` values, as the footer's `ladder` names them.
+    pub stack_map_failures: u64,
+    pub stack_read_failures: u64,
+    pub contention_filtered: u64,
+    pub contention_nested: u64,
+    pub page_stack_walks: u64,
+    pub work_unmatched_end: u64,
+    /// Backing-page allocations by order.
+    pub backing_page_orders: Vec<u64>,
+}
+
+impl ProbeCounters {
+    pub fn read(probes: &LoadedProbes) -> anyhow::Result<Self> {
+        use vmtrace_common::counter;
+        Ok(ProbeCounters {
+            lost: probes.lost()?,
+            stack_map_failures: probes.counter(counter::STACK_MAP_FAIL),
+            stack_read_failures: probes.counter(counter::STACK_READ_FAIL),
+            contention_filtered: probes.counter(counter::CONTENTION_FILTERED),
+            contention_nested: probes.counter(counter::CONTENTION_NESTED),
+            page_stack_walks: probes.counter(counter::PAGE_STACK_WALKS),
+            work_unmatched_end: probes.counter(counter::WORK_UNMATCHED_END),
+            backing_page_orders: probes.backing_orders(),
+        })
+    }
+
+    /// What accumulated since `base` was read (counters only grow; a shorter `base` is
+    /// padded with zeros).
+    pub fn since(&self, base: &ProbeCounters) -> ProbeCounters {
+        let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
+            a.iter()
+                .enumerate()
+                .map(|(i, v)| v.saturating_sub(b.get(i).copied().unwrap_or(0)))
+                .collect()
         };
-        let name = path.display().to_string();
-        match crate::allocinfo::parse(&name, &bytes, crate::allocinfo::Mode::Lenient) {
-            Ok(snap) => {
-                let vmalloc_tags = snap
-                    .tags
-                    .iter()
-                    .filter(|t| t.key.file == crate::allocinfo::marks::VMALLOC_FILE)
-                    .cloned()
-                    .collect();
-                self.reorder
-                    .push(Record::Allocinfo(Box::new(crate::trace::AllocinfoSample {
-                        ts_ns,
-                        total: snap.total(),
-                        pagetable: snap.pagetable(),
-                        vmalloc_tags,
-                        inaccurate: snap.has_inaccurate(),
-                        skipped_lines: snap.skipped.len() as u64,
-                    })));
-                true
-            }
-            Err(e) => {
-                eprintln!("vmtrace: warning: not sampling allocinfo: {e}");
-                false
-            }
+        ProbeCounters {
+            lost: self
+                .lost
+                .iter()
+                .enumerate()
+                .map(|(k, v)| sub(v, base.lost.get(k).map_or(&[], Vec::as_slice)))
+                .collect(),
+            stack_map_failures: self
+                .stack_map_failures
+                .saturating_sub(base.stack_map_failures),
+            stack_read_failures: self
+                .stack_read_failures
+                .saturating_sub(base.stack_read_failures),
+            contention_filtered: self
+                .contention_filtered
+                .saturating_sub(base.contention_filtered),
+            contention_nested: self
+                .contention_nested
+                .saturating_sub(base.contention_nested),
+            page_stack_walks: self.page_stack_walks.saturating_sub(base.page_stack_walks),
+            work_unmatched_end: self
+                .work_unmatched_end
+                .saturating_sub(base.work_unmatched_end),
+            backing_page_orders: sub(&self.backing_page_orders, &base.backing_page_orders),
         }
     }
+}
 
-    /// Samples `/proc/meminfo` into the trace.
-    fn sample_meminfo(&mut self) {
-        match crate::host::meminfo::read() {
-            Ok(m) => self.reorder.push(Record::Meminfo(Meminfo {
-                ts_ns: system::boottime_ns(),
-                page_tables_kb: m.page_tables_kb,
-                vmalloc_used_kb: m.vmalloc_used_kb,
-            })),
-            Err(e) => log::debug!("meminfo sample skipped: {e}"),
+/// The footer of a file: `tally` is what the file holds, `late_events` and `counters` what
+/// happened while it was written.
+pub fn footer(
+    reason: StopReason,
+    command_exit_code: Option<i32>,
+    tally: &FileTally,
+    late_events: u64,
+    counters: &ProbeCounters,
+) -> Footer {
+    use vmtrace_common::kind;
+    let lost = &counters.lost;
+    let ncpu = lost.iter().map(Vec::len).max().unwrap_or(0);
+    let mut per_cpu = vec![0u64; ncpu];
+    for by_cpu in lost {
+        for (cpu, n) in by_cpu.iter().enumerate() {
+            per_cpu[cpu] += n;
         }
     }
+    let sum = |k: u32| lost.get(k as usize).map(|v| v.iter().sum()).unwrap_or(0);
+    let (purges_from_work, purges_matched) = tally.purge_matching();
+    let ladder = LadderStats {
+        events: tally.ladder,
+        lost: LadderCounts {
+            contention: sum(kind::CONTENTION),
+            work: sum(kind::WORK),
+            pt_page: sum(kind::PT_PAGE),
+            latency: sum(kind::LATENCY),
+        },
+        stack_map_failures: counters.stack_map_failures,
+        stack_read_failures: counters.stack_read_failures,
+        contention_filtered: counters.contention_filtered,
+        contention_nested: counters.contention_nested,
+        page_stack_walks: counters.page_stack_walks,
+        work_unmatched_end: counters.work_unmatched_end,
+        contention_by_class: LockClass::ALL
+            .iter()
+            .map(|&class| {
+                let (count, wait_ns) = tally.by_class.get(&class).copied().unwrap_or_default();
+                ClassTotal {
+                    class,
+                    count,
+                    wait_ns,
+                }
+            })
+            .collect(),
+        backing_page_orders: counters.backing_page_orders.clone(),
+        purges_from_work,
+        purges_matched,
+    };
+    Footer {
+        end_boottime_ns: system::boottime_ns(),
+        reason,
+        command_exit_code,
+        events: tally.events,
+        lost_total: per_cpu.iter().sum(),
+        lost_per_cpu: per_cpu,
+        lost_by_kind: EventCounts {
+            alloc: sum(kind::ALLOC),
+            free: sum(kind::FREE),
+            purge: sum(kind::PURGE),
+        },
+        late_events,
+        kernel_run_stats: None,
+        ladder: Some(ladder),
+    }
+}
 
-    async fn wait_readable(&mut self) -> std::io::Result<()> {
-        let mut guard = self.ring.readable_mut().await?;
-        guard.clear_ready();
-        Ok(())
+/// A `/proc/meminfo` sample as a trace record; `None` (logged) when the file cannot be read.
+pub fn meminfo_sample() -> Option<Record> {
+    match crate::host::meminfo::read() {
+        Ok(m) => Some(Record::Meminfo(Meminfo {
+            ts_ns: system::boottime_ns(),
+            page_tables_kb: m.page_tables_kb,
+            vmalloc_used_kb: m.vmalloc_used_kb,
+        })),
+        Err(e) => {
+            log::debug!("meminfo sample skipped: {e}");
+            None
+        }
+    }
+}
+
+/// Samples the allocinfo file as a trace record; `Err` says why it cannot be read, so the
+/// caller stops trying (and says why once).
+fn allocinfo_sample(path: &Path) -> Result<Record, String> {
+    let ts_ns = system::boottime_ns();
+    let bytes = crate::allocinfo::snapshot::read(path).map_err(|e| e.to_string())?;
+    let name = path.display().to_string();
+    let snap = crate::allocinfo::parse(&name, &bytes, crate::allocinfo::Mode::Lenient)
+        .map_err(|e| e.to_string())?;
+    let vmalloc_tags = snap
+        .tags
+        .iter()
+        .filter(|t| t.key.file == crate::allocinfo::marks::VMALLOC_FILE)
+        .cloned()
+        .collect();
+    Ok(Record::Allocinfo(Box::new(crate::trace::AllocinfoSample {
+        ts_ns,
+        total: snap.total(),
+        pagetable: snap.pagetable(),
+        vmalloc_tags,
+        inaccurate: snap.has_inaccurate(),
+        skipped_lines: snap.skipped.len() as u64,
+    })))
+}
+
+/// Pushes an allocinfo sample into the pipeline; false (with the reason on stderr) when the
+/// file cannot be sampled.
+fn sample_allocinfo(pipeline: &mut Pipeline, path: &Path) -> bool {
+    match allocinfo_sample(path) {
+        Ok(rec) => {
+            pipeline.push(rec);
+            true
+        }
+        Err(e) => {
+            eprintln!("vmtrace: warning: not sampling allocinfo: {e}");
+            false
+        }
     }
 }
 
 /// What the calibration allocation told us about the kernel.
 #[derive(Debug, Default)]
-struct Calibration {
+pub struct Calibration {
     vstart: Option<KAddr>,
     vend: Option<KAddr>,
     nr_lazy_max: Option<u64>,
 }
 
-async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
-    let wanted = args.wanted_probes().map_err(anyhow::Error::msg)?;
-    check_output(&args.output)?;
-    let started = Instant::now();
-    let facts = system::SystemFacts::read().context("reading kernel facts")?;
-    let ring_bytes = u64::from(args.ring_mib) << 20;
-    // Signals first: from here on Ctrl-C is an orderly stop, never a kill mid-way.
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+impl Calibration {
+    /// Whether the probes saw the calibration allocation.
+    pub fn saw_allocation(&self) -> bool {
+        self.vstart.is_some()
+    }
+}
 
-    let mut probes = LoadedProbes::load_and_attach(ring_bytes, &wanted)?;
-    let stats_at_start = crate::probe::loader::bpf_stats_enabled();
-    let ring = probes.take_ring()?;
-    // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.
-    let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+/// The header of a trace: the kernel's facts, the calibration's findings and how each probe
+/// attached. `start_*` are read now, so a later file's header gets its own by calling again.
+pub fn header(facts: &SystemFacts, calibration: &Calibration, probes: &LoadedProbes) -> Header {
     let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
-    let mut session = Session {
-        ring,
-        reorder: Reorder::default(),
-        counts: EventCounts::default(),
-        undecodable: 0,
-        ladder: LadderTally {
-            classifier: Classifier::new(nodes),
-            ..LadderTally::default()
-        },
-    };
-
-    // Snapshot right after attach: the window in which an event can refer to an area the
-    // snapshot does not show is then only as long as the read itself.
-    let snapshot = vmallocinfo::snapshot().context("snapshotting /proc/vmallocinfo")?;
-    if !snapshot.real_addresses {
-        log::warn!(
-            "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"
-        );
-    }
-    let calibration = calibrate(&mut session, &probes, facts.page_size).await;
-    if calibration.vstart.is_none() {
-        log::warn!("calibration allocation was not seen by the probes; header range is unknown");
-    }
-
-    let header = Header {
+    Header {
         format: trace::FORMAT.into(),
         version: trace::VERSION,
         tool: Tool {
@@ -323,14 +553,55 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
                      VMALLOC range from the vstart/vend of a calibration vmalloc"
                 .into(),
         },
-        system: facts,
+        system: facts.clone(),
         probes: probes.infos.clone(),
         clock: "CLOCK_BOOTTIME".into(),
         start_boottime_ns: system::boottime_ns(),
         start_realtime_ns: system::realtime_ns(),
         ring_buffer_bytes: probes.ring_bytes,
         synthetic: None,
-    };
+    }
+}
+
+async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
+    let wanted = args.wanted_probes().map_err(anyhow::Error::msg)?;
+    check_output(&args.output)?;
+    let started = Instant::now();
+    let facts = SystemFacts::read().context("reading kernel facts")?;
+    let ring_bytes = u64::from(args.ring_mib) << 20;
+    // Signals first: from here on Ctrl-C is an orderly stop, never a kill mid-way.
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+
+    let mut probes = LoadedProbes::load_and_attach(ring_bytes, &wanted)?;
+    let stats_at_start = crate::probe::loader::bpf_stats_enabled();
+    let ring = probes.take_ring()?;
+    // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+    let (nodes, _) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
+    let mut pipeline = Pipeline::new(nodes, true);
+
+    // Snapshot right after attach: the window in which an event can refer to an area the
+    // snapshot does not show is then only as long as the read itself.
+    let snapshot = vmallocinfo::snapshot().context("snapshotting /proc/vmallocinfo")?;
+    if !snapshot.real_addresses {
+        log::warn!(
+            "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"
+        );
+    }
+    let calibration = calibrate(
+        &mut pipeline,
+        ring.get_mut(),
+        &probes,
+        facts.page_size,
+        |_| {},
+    )
+    .await;
+    if !calibration.saw_allocation() {
+        log::warn!("calibration allocation was not seen by the probes; header range is unknown");
+    }
+    let header = header(&facts, &calibration, &probes);
 
     // The command starts before the file exists, so a command that cannot start leaves no
     // file; its first events wait in the reorder buffer until the header is written.
@@ -355,10 +626,8 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("creating {}", args.output.display()))?,
         )
     };
-    let mut writer = TraceWriter::new(sink);
-    writer.write(&Record::Header(Box::new(header)))?;
-    writer.write(&Record::Vmallocinfo(Box::new(snapshot)))?;
-    writer.flush()?;
+    let mut file = TraceFile::start(sink, &header, &snapshot)?;
+    drop(snapshot);
 
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut flush_tick = tokio::time::interval(FLUSH_INTERVAL);
@@ -368,7 +637,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     // Sampled once at the start, then on the interval, then once at the end, so even a short
     // recording has the growth between two reads.
     let mut allocinfo_every = args.allocinfo_interval.filter(|d| !d.is_zero());
-    if allocinfo_every.is_some() && !session.sample_allocinfo(&args.allocinfo_path) {
+    if allocinfo_every.is_some() && !sample_allocinfo(&mut pipeline, &args.allocinfo_path) {
         allocinfo_every = None;
     }
     let mut allocinfo_tick = tokio::time::interval_at(
@@ -376,32 +645,35 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         allocinfo_every.unwrap_or(Duration::from_secs(3600)),
     );
     let mut command_exit_code = None;
-    let mut write_error: Option<std::io::Error> = None;
     let mut ring_error = None;
     let reason = loop {
         tokio::select! {
-            r = session.wait_readable() => {
-                if let Err(e) = r {
+            r = ring.readable_mut() => match r {
+                Ok(mut guard) => {
+                    guard.clear_ready();
+                    pipeline.drain(guard.get_inner_mut(), &probes, |_| {});
+                }
+                Err(e) => {
                     // Still write what we have and a footer that says the recording broke off.
                     ring_error = Some(e);
                     break StopReason::Error;
                 }
-                session.drain_ring(&probes);
+            },
+            _ = meminfo_tick.tick(), if meminfo_every.is_some() => {
+                if let Some(rec) = meminfo_sample() {
+                    pipeline.push(rec);
+                }
             }
-            _ = meminfo_tick.tick(), if meminfo_every.is_some() => session.sample_meminfo(),
             _ = allocinfo_tick.tick(), if allocinfo_every.is_some() => {
-                if !session.sample_allocinfo(&args.allocinfo_path) {
+                if !sample_allocinfo(&mut pipeline, &args.allocinfo_path) {
                     allocinfo_every = None;
                 }
             }
             _ = flush_tick.tick() => {
-                session.drain_ring(&probes);
+                pipeline.drain(ring.get_mut(), &probes, |_| {});
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
-                emit(&mut session.reorder, watermark, &mut writer, &mut write_error);
-                if let Some(e) = write_error.take() {
-                    return Err(e).context("writing the trace");
-                }
-                writer.flush().context("writing the trace")?;
+                emit(&mut pipeline.reorder, watermark, &mut file).context("writing the trace")?;
+                file.flush().context("writing the trace")?;
             }
             _ = sleep_until(deadline) => break StopReason::Duration,
             _ = sigint.recv() => break StopReason::Sigint,
@@ -420,30 +692,28 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     // exits; give them a moment so the trace does not end mid-sequence.
     tokio::time::sleep(Duration::from_millis(100)).await;
     if meminfo_every.is_some() {
-        session.sample_meminfo();
+        if let Some(rec) = meminfo_sample() {
+            pipeline.push(rec);
+        }
     }
     if allocinfo_every.is_some() {
-        session.sample_allocinfo(&args.allocinfo_path);
+        sample_allocinfo(&mut pipeline, &args.allocinfo_path);
     }
     probes.detach();
-    session.drain_ring(&probes);
-    emit(
-        &mut session.reorder,
-        u64::MAX,
-        &mut writer,
-        &mut write_error,
+    pipeline.drain(ring.get_mut(), &probes, |_| {});
+    emit(&mut pipeline.reorder, u64::MAX, &mut file).context("writing the trace")?;
+    let counters = ProbeCounters::read(&probes)?;
+    let mut footer = footer(
+        reason,
+        command_exit_code,
+        &file.tally,
+        pipeline.late_events(),
+        &counters,
     );
-    if let Some(e) = write_error.take() {
-        return Err(e).context("writing the trace");
-    }
-    let lost = probes.lost()?;
-    let mut footer = make_footer(reason, command_exit_code, &session, &lost);
-    footer.ladder = Some(ladder_stats(&session, &probes, &lost));
     if stats_at_start {
         footer.kernel_run_stats = probes.run_stats();
     }
-    writer.write(&Record::Footer(Box::new(footer.clone())))?;
-    let sink = writer.into_inner().context("flushing the trace")?;
+    let sink = file.finish(&footer).context("flushing the trace")?;
     drop(sink);
     if !to_stdout {
         if let Ok(f) = File::open(&args.output) {
@@ -474,21 +744,6 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn emit(
-    reorder: &mut Reorder,
-    watermark: u64,
-    writer: &mut TraceWriter<Box<dyn Write>>,
-    err: &mut Option<std::io::Error>,
-) {
-    reorder.pop_ready(watermark, |rec| {
-        if err.is_none() {
-            if let Err(e) = writer.write(&rec) {
-                *err = Some(e);
-            }
-        }
-    });
-}
-
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -503,76 +758,6 @@ async fn wait_child(child: &mut Option<tokio::process::Child>) -> std::process::
             Err(_) => std::future::pending().await,
         },
         None => std::future::pending().await,
-    }
-}
-
-fn make_footer(
-    reason: StopReason,
-    command_exit_code: Option<i32>,
-    session: &Session,
-    lost: &[Vec<u64>],
-) -> Footer {
-    use vmtrace_common::kind;
-    let ncpu = lost.iter().map(Vec::len).max().unwrap_or(0);
-    let mut per_cpu = vec![0u64; ncpu];
-    for by_cpu in lost {
-        for (cpu, n) in by_cpu.iter().enumerate() {
-            per_cpu[cpu] += n;
-        }
-    }
-    let sum = |k: u32| lost.get(k as usize).map(|v| v.iter().sum()).unwrap_or(0);
-    let lost_by_kind = EventCounts {
-        alloc: sum(kind::ALLOC),
-        free: sum(kind::FREE),
-        purge: sum(kind::PURGE),
-    };
-    Footer {
-        end_boottime_ns: system::boottime_ns(),
-        reason,
-        command_exit_code,
-        events: session.counts,
-        lost_total: per_cpu.iter().sum(),
-        lost_per_cpu: per_cpu,
-        lost_by_kind,
-        late_events: session.reorder.late + session.undecodable,
-        kernel_run_stats: None,
-        ladder: None,
-    }
-}
-
-fn ladder_stats(session: &Session, probes: &LoadedProbes, lost: &[Vec<u64>]) -> LadderStats {
-    use vmtrace_common::{counter, kind};
-    let sum = |k: u32| lost.get(k as usize).map(|v| v.iter().sum()).unwrap_or(0);
-    let t = &session.ladder;
-    let (purges_from_work, purges_matched) = t.purge_matching();
-    LadderStats {
-        events: t.counts,
-        lost: LadderCounts {
-            contention: sum(kind::CONTENTION),
-            work: sum(kind::WORK),
-            pt_page: sum(kind::PT_PAGE),
-            latency: sum(kind::LATENCY),
-        },
-        stack_map_failures: probes.counter(counter::STACK_MAP_FAIL),
-        stack_read_failures: probes.counter(counter::STACK_READ_FAIL),
-        contention_filtered: probes.counter(counter::CONTENTION_FILTERED),
-        contention_nested: probes.counter(counter::CONTENTION_NESTED),
-        page_stack_walks: probes.counter(counter::PAGE_STACK_WALKS),
-        work_unmatched_end: probes.counter(counter::WORK_UNMATCHED_END),
-        contention_by_class: LockClass::ALL
-            .iter()
-            .map(|&class| {
-                let (count, wait_ns) = t.by_class.get(&class).copied().unwrap_or_default();
-                ClassTotal {
-                    class,
-                    count,
-                    wait_ns,
-                }
-            })
-            .collect(),
-        backing_page_orders: probes.backing_orders(),
-        purges_from_work,
-        purges_matched,
     }
 }
 
@@ -641,13 +826,22 @@ fn reason_text(r: StopReason) -> &'static str {
         StopReason::Sigterm => "SIGTERM",
         StopReason::CommandExited => "command exit",
         StopReason::Error => "error",
+        StopReason::Rotated => "rotation",
     }
 }
 
 /// Allocates and frees one small vmalloc area of our own (a 1-page mmapable BPF array) and waits
 /// for the probes to report both, which proves end to end that events flow, and reads from the
-/// kernel's own events the VMALLOC range and `lazy_max_pages`.
-async fn calibrate(session: &mut Session, probes: &LoadedProbes, page_size: u64) -> Calibration {
+/// kernel's own events the VMALLOC range and `lazy_max_pages`. Needs CAP_BPF (the array), so a
+/// daemon calls it before dropping its capabilities. `observe` sees every record drained
+/// meanwhile, as in [`Pipeline::drain`].
+pub async fn calibrate(
+    pipeline: &mut Pipeline,
+    ring: &mut RingBuf<MapData>,
+    probes: &LoadedProbes,
+    page_size: u64,
+    mut observe: impl FnMut(&Record),
+) -> Calibration {
     let mut cal = Calibration::default();
     let me = std::process::id();
     // 1 is a power of two, so the unprivileged entry rounding cannot change the size.
@@ -659,8 +853,8 @@ async fn calibrate(session: &mut Session, probes: &LoadedProbes, page_size: u64)
     let deadline = tokio::time::Instant::now() + CALIBRATION_TIMEOUT;
     let mut addr = None;
     loop {
-        session.drain_ring(probes);
-        for rec in session.reorder.iter() {
+        pipeline.drain(ring, probes, &mut observe);
+        for rec in pipeline.reorder.iter() {
             match rec {
                 Record::Alloc(a)
                     if a.ctx.tgid == me

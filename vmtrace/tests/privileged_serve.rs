@@ -3,14 +3,17 @@
 //! allocation counter rose by at least the stress's ops in Prometheus, the lazy-pages gauge and
 //! the size histogram have samples, lost events stayed zero, /metrics answered within 1 s,
 //! every dashboard expression runs, /healthz, and a clean exit on SIGTERM.
+//! Then `serve --record` with a small `--rotate` under stress: several files, each valid against
+//! the schema with its own header, snapshot and footer, together holding every allocation the
+//! daemon counted, and each replaying as well as the first (whose snapshot the kernel gave).
 //! Needs root; run with `--release -- --test-threads=1`.
 
 mod common;
 
 use common::privileged;
-use std::io::{Read as _, Write as _};
+use std::io::{BufRead as _, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -266,9 +269,16 @@ fn serve_is_scraped_by_prometheus_while_stress_runs() {
     assert!(n >= 10, "only {n} dashboard expressions");
 
     // Clean stop: SIGTERM detaches the probes and exits 0.
+    let log = stop(&mut serve, &serve_log);
+    assert!(log.contains("probes detached"), "{log}");
+}
+
+/// Sends SIGTERM and waits (at most 10 s) for a clean exit; returns what the child wrote to
+/// `log`.
+fn stop(guard: &mut Guard, log: &Path) -> String {
     // SAFETY: kill on our own child's pid.
-    assert_eq!(unsafe { libc::kill(serve.pid(), libc::SIGTERM) }, 0);
-    let mut child = serve.0.take().expect("child");
+    assert_eq!(unsafe { libc::kill(guard.pid(), libc::SIGTERM) }, 0);
+    let mut child = guard.0.take().expect("child");
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
@@ -281,7 +291,160 @@ fn serve_is_scraped_by_prometheus_while_stress_runs() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let log = std::fs::read_to_string(&serve_log).unwrap_or_default();
-    assert!(status.success(), "serve exited {status}: {log}");
-    assert!(log.contains("probes detached"), "{log}");
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(status.success(), "serve exited {status}: {text}");
+    text
+}
+
+/// One file's lines, parsed.
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    let f = std::fs::File::open(path).expect("open trace");
+    std::io::BufReader::new(f)
+        .lines()
+        .map(|l| serde_json::from_str(&l.expect("line")).expect("JSON line"))
+        .collect()
+}
+
+/// `agreed / compared` of one of `vmtrace replay --json`'s agreement objects.
+fn share(v: &serde_json::Value) -> f64 {
+    let compared = v["compared"].as_f64().unwrap_or(0.0);
+    if compared == 0.0 {
+        return f64::NAN;
+    }
+    v["agreed"].as_f64().unwrap_or(0.0) / compared
+}
+
+#[test]
+fn serve_record_rotates_standalone_trace_files() {
+    if !privileged() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("traces");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let log = tmp.path().join("serve.log");
+    let mut serve = Guard(Some(
+        Command::new(BIN)
+            .args(["serve", "--listen", &addr.to_string(), "--record"])
+            .arg(&dir)
+            .args(["--rotate", "256K", "--keep", "0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("vmtrace serve starts"),
+    ));
+    wait_for("/healthz", Duration::from_secs(30), || {
+        matches!(get(addr, "/healthz", Duration::from_secs(1)), Ok((200, _)))
+    });
+    let stress = Command::new(BIN)
+        .args(["stress", "fix-size", "--loops", "3000", "--json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("stress runs");
+    assert!(stress.status.success(), "stress failed");
+    let report: serde_json::Value =
+        serde_json::from_slice(&stress.stdout).expect("stress --json prints JSON");
+    let ops = report["total_ops"].as_u64().expect("total_ops");
+    let (status, _) = get(addr, "/healthz", Duration::from_secs(2)).expect("/healthz");
+    assert_eq!(status, 200, "unhealthy while recording");
+    let text = stop(&mut serve, &log);
+
+    // "… 3086 allocations counted; last trace file … closed"
+    let counted: u64 = text
+        .split(" allocations counted")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no allocation count in the log: {text}"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("trace directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() > 1,
+        "expected rotation at 256K, got {files:?}; log: {text}"
+    );
+    assert!(text.contains(&format!(
+        "last trace file {} closed",
+        files.last().expect("a file").display()
+    )));
+
+    let mut allocs = 0;
+    let mut first_nr_lazy = f64::NAN;
+    for (i, path) in files.iter().enumerate() {
+        let name = path.display();
+        let n = common::assert_trace_valid(path);
+        let lines = lines(path);
+        assert_eq!(n, lines.len());
+        assert_eq!(lines[0]["type"], "header", "{name}");
+        assert_eq!(lines[1]["type"], "vmallocinfo", "{name}");
+        assert_eq!(lines[1]["real_addresses"], true, "{name}");
+        let footer = lines.last().expect("lines");
+        assert_eq!(footer["type"], "footer", "{name}: no footer");
+        let last = i + 1 == files.len();
+        assert_eq!(
+            footer["reason"],
+            if last { "sigterm" } else { "rotated" },
+            "{name}"
+        );
+        if !last {
+            let size = std::fs::metadata(path).expect("size").len();
+            assert!(size >= 256 << 10, "{name} closed early at {size} bytes");
+        }
+        let in_file = lines.iter().filter(|l| l["type"] == "alloc").count() as u64;
+        assert_eq!(footer["events"]["alloc"], in_file, "{name}");
+        assert_eq!(footer["lost_total"], 0, "{name}: events lost");
+        assert_eq!(footer["late_events"], 0, "{name}");
+        allocs += in_file;
+
+        // The kernel's own nr_lazy at every free checks the snapshot each file starts from:
+        // the first was read from /proc/vmallocinfo, the later ones derived from the events.
+        let replay = Command::new(BIN)
+            .args(["replay", "--json"])
+            .arg(path)
+            .output()
+            .expect("replay runs");
+        assert!(
+            replay.status.success(),
+            "replay of {name} failed: {}",
+            String::from_utf8_lossy(&replay.stderr)
+        );
+        let r: serde_json::Value =
+            serde_json::from_slice(&replay.stdout).expect("replay --json prints JSON");
+        let r = if r.is_array() { r[0].clone() } else { r };
+        assert_eq!(r["seed"]["rejected"], 0, "{name}: snapshot areas overlap");
+        let frees = footer["events"]["free"].as_f64().unwrap_or(0.0);
+        let unknown = r["warnings"]["free-unknown-address"]
+            .as_f64()
+            .unwrap_or(0.0);
+        assert!(
+            unknown <= (frees * 0.005).max(1.0),
+            "{name}: {unknown} of {frees} frees of areas its snapshot does not hold"
+        );
+        let nr_lazy = share(&r["nr_lazy"]);
+        eprintln!(
+            "serve --record: {name}: {} lines, {in_file} allocs, seed {}, nr_lazy agreement {:.1} %, first-free offset {}",
+            lines.len(),
+            r["seed"],
+            nr_lazy * 100.0,
+            r["seed"]["first_free_nr_lazy_offset"]
+        );
+        if i == 0 {
+            first_nr_lazy = nr_lazy;
+        } else if !nr_lazy.is_nan() {
+            assert!(
+                nr_lazy >= first_nr_lazy - 0.1,
+                "{name}: nr_lazy agreement {nr_lazy:.3} against {first_nr_lazy:.3} for the first file: its derived snapshot is off"
+            );
+        }
+    }
+    assert_eq!(
+        allocs, counted,
+        "the files hold {allocs} allocations, the daemon counted {counted}"
+    );
+    assert!(
+        allocs >= ops,
+        "{allocs} allocations recorded, {ops} stress ops"
+    );
 }

@@ -481,6 +481,7 @@ fn more_footers() -> Vec<Record> {
         (StopReason::CommandExited, Some(0)),
         (StopReason::CommandExited, Some(i32::MAX)),
         (StopReason::Error, None),
+        (StopReason::Rotated, None),
     ]
     .into_iter()
     .map(|(r, c)| Record::Footer(Box::new(footer(r, c))))

@@ -2,11 +2,13 @@
 //!
 //! [`Metrics`] is the registry: plain atomics that the event thread bumps per record, and that
 //! a scrape renders ([`Metrics::render`]) without ever blocking that thread. [`serve`] is the
-//! daemon (probes, HTTP, signals, capabilities); [`http`] its small HTTP/1.1 responder.
+//! daemon (probes, HTTP, signals, capabilities); [`http`] its small HTTP/1.1 responder;
+//! [`rotate`] its optional rotating trace files.
 
 pub mod caps;
 pub mod expo;
 pub mod http;
+pub mod rotate;
 pub mod serve;
 
 use std::collections::BTreeSet;

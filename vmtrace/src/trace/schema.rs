@@ -415,6 +415,8 @@ pub enum StopReason {
     Sigterm,
     CommandExited,
     Error,
+    /// `vmtrace serve --record` started the next file (this one reached `--rotate`).
+    Rotated,
 }
 
 /// Last line: counts and losses. A trace without one was cut short (e.g. SIGKILL).

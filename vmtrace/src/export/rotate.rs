@@ -1,0 +1,415 @@
+//! `vmtrace serve --record DIR --rotate SIZE --keep N`: the record pipeline's trace files,
+//! written by a daemon that never stops, so cut into files that each stand alone.
+//!
+//! Every file is a complete trace in the format of `vmtrace record` (docs/trace-format.md):
+//! header, vmallocinfo snapshot, events in timestamp order, footer. Its footer counts only its
+//! own events and the losses while it was written, so each file can be checked, summarised and
+//! replayed without the others.
+//!
+//! The snapshot is the hard part. The first file's is read from `/proc/vmallocinfo` before the
+//! daemon drops its capabilities. Later files cannot read one: without CAP_SYSLOG the kernel
+//! prints `%pK` addresses hashed (or as zeros), and lowering `kptr_restrict` needs
+//! CAP_SYS_ADMIN, which is gone. So [`LiveAreas`] keeps the area list up to date from the events
+//! as they are written, and each new file starts with that list: exactly the state a replay of
+//! the previous files would have reached, as of the previous file's last event.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::host::system;
+use crate::record::{footer, Pipeline, ProbeCounters, TraceFile};
+use crate::trace::{AreaKind, Header, Record, StopReason, VmallocArea, VmallocSnapshot};
+
+/// File names are `vmtrace-<UTC start of the daemon>-<sequence>.jsonl`, so names sort in the
+/// order the files were written, across restarts too.
+const PREFIX: &str = "vmtrace-";
+const SUFFIX: &str = ".jsonl";
+
+/// Parses a size such as `64M`, `1G`, `512KiB` or `1048576` into bytes. Units are powers of
+/// 1024 (`K`, `M`, `G`, `T`, optionally followed by `i`, `B` or `iB`, any case); a bare number
+/// is bytes. Zero is refused: a file must be allowed to hold something.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let bad = || {
+        format!("invalid size `{s}`: expected a whole number with an optional unit K, M, G or T (powers of 1024), e.g. 64M or 1G")
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let unit = unit
+        .strip_suffix("ib")
+        .or_else(|| unit.strip_suffix('b'))
+        .or_else(|| unit.strip_suffix('i'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(bad()),
+    };
+    let bytes = n
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size `{s}` is too large"))?;
+    if bytes == 0 {
+        return Err(format!("size `{s}` is zero; give at least one byte"));
+    }
+    Ok(bytes)
+}
+
+/// The vmap areas as of the last event applied: a snapshot with every later allocation, lazy
+/// free and purge applied the way a replay applies them, so a file seeded from it replays on
+/// from where the previous file ended.
+///
+/// What it cannot know, and what that costs a replay of a later file:
+/// * Areas allocated after the first snapshot have no `caller`, `pages`, `phys` or flags, and
+///   are all `busy` (a `vm_map_ram` area looks the same in the alloc event); replay uses the
+///   kind only to leave the guard page out of its page-table estimate.
+/// * A purge removes every `unpurged` area, as the model's purge does. The kernel detaches each
+///   node's lazy list at the start of the purge, so a free landing during the purge stays lazy
+///   there; the next free's `nr_lazy` shows the difference (replay's
+///   `first_free_nr_lazy_offset`).
+/// * A lost event leaves the list wrong until the address is reused: an allocation over an area
+///   the list still holds replaces it, since the kernel never hands out overlapping areas.
+#[derive(Debug)]
+pub struct LiveAreas {
+    areas: BTreeMap<u64, VmallocArea>,
+    /// Events before this are already in the seed snapshot (the read started after them).
+    seed_ts: u64,
+    /// Timestamp of the last event applied: the time the list is true at.
+    as_of_ns: u64,
+    real_addresses: bool,
+    /// Frees of areas the list did not hold (their allocation was lost, or the snapshot missed
+    /// an area being set up).
+    pub unknown_frees: u64,
+}
+
+impl LiveAreas {
+    /// Starts from a snapshot read from the kernel.
+    pub fn new(snapshot: &VmallocSnapshot) -> Self {
+        LiveAreas {
+            areas: snapshot
+                .areas
+                .iter()
+                .map(|a| (a.start.0, a.clone()))
+                .collect(),
+            seed_ts: snapshot.ts_start_ns,
+            as_of_ns: snapshot.ts_end_ns,
+            real_addresses: snapshot.real_addresses,
+            unknown_frees: 0,
+        }
+    }
+
+    /// Applies one written record; records other than alloc, free and purge only move the
+    /// clock.
+    pub fn apply(&mut self, rec: &Record) {
+        let Some(ts) = rec.ts_ns() else {
+            return;
+        };
+        if ts < self.seed_ts {
+            return;
+        }
+        self.as_of_ns = self.as_of_ns.max(ts);
+        match rec {
+            Record::Alloc(a) if a.failed == 0 && a.size > 0 => {
+                let (start, end) = (a.addr.0, a.addr.0.saturating_add(a.size));
+                self.remove_overlapping(start, end);
+                self.areas.insert(
+                    start,
+                    VmallocArea {
+                        start: a.addr,
+                        end: crate::trace::KAddr(end),
+                        size: a.size,
+                        kind: AreaKind::Busy,
+                        caller: None,
+                        pages: None,
+                        phys: None,
+                        flags: Vec::new(),
+                    },
+                );
+            }
+            Record::Free(f) => match self.areas.get_mut(&f.va_start.0) {
+                Some(area) => {
+                    // As /proc/vmallocinfo prints a lazily freed area: range and size only.
+                    area.kind = AreaKind::Unpurged;
+                    area.caller = None;
+                    area.pages = None;
+                    area.phys = None;
+                    area.flags.clear();
+                }
+                None => self.unknown_frees += 1,
+            },
+            Record::Purge(_) => self.areas.retain(|_, a| a.kind != AreaKind::Unpurged),
+            _ => {}
+        }
+    }
+
+    /// Drops every area overlapping `[start, end)`: the kernel just handed that range out, so
+    /// whatever the list still had there is stale.
+    fn remove_overlapping(&mut self, start: u64, end: u64) {
+        let stale: Vec<u64> = self
+            .areas
+            .range(..end)
+            .rev()
+            .take_while(|(s, a)| a.end.0 > start || **s >= start)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in stale {
+            self.areas.remove(&s);
+        }
+    }
+
+    /// The list as a snapshot record, by address; its read window is the instant of the last
+    /// event applied.
+    pub fn snapshot(&self) -> VmallocSnapshot {
+        VmallocSnapshot {
+            ts_start_ns: self.as_of_ns,
+            ts_end_ns: self.as_of_ns,
+            real_addresses: self.real_addresses,
+            areas: self.areas.values().cloned().collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.areas.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.areas.is_empty()
+    }
+}
+
+/// Where and how big.
+#[derive(Clone, Debug)]
+pub struct RotateOptions {
+    pub dir: PathBuf,
+    /// A file is closed once it holds at least one event and this many bytes.
+    pub max_bytes: u64,
+    /// Files named `vmtrace-*.jsonl` kept in `dir`, the one being written included; older ones
+    /// are deleted. 0 keeps them all.
+    pub keep: usize,
+}
+
+/// The file being written, and the counters at its start (its footer gives the difference).
+struct Current {
+    file: TraceFile<File>,
+    path: PathBuf,
+    base: ProbeCounters,
+    late_base: u64,
+}
+
+/// Writes the pipeline's records into rotating files (see the module docs).
+pub struct Rotating {
+    opts: RotateOptions,
+    /// Every file's header is this one with fresh start times.
+    header: Header,
+    areas: LiveAreas,
+    /// The daemon's start time in UTC, `20250131T235959Z`: part of every file name.
+    stamp: String,
+    seq: u32,
+    current: Current,
+    /// The previous file's fsync, done off the event thread.
+    syncing: Option<std::thread::JoinHandle<()>>,
+    /// Files closed by rotation so far.
+    pub rotations: u64,
+}
+
+impl Rotating {
+    /// Creates `opts.dir` if needed and the first file, seeded with `snapshot` (read from the
+    /// kernel). `counters` and `late` are the probes' counters now: the first footer counts
+    /// from them.
+    pub fn start(
+        opts: RotateOptions,
+        header: Header,
+        snapshot: &VmallocSnapshot,
+        counters: ProbeCounters,
+        late: u64,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&opts.dir)
+            .with_context(|| format!("creating {}", opts.dir.display()))?;
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace(['-', ':'], "");
+        let mut seq = 0;
+        let (path, file) = create_next(&opts.dir, &stamp, &mut seq)?;
+        let file = TraceFile::start(file, &header, snapshot)
+            .with_context(|| format!("writing {}", path.display()))?;
+        let r = Rotating {
+            areas: LiveAreas::new(snapshot),
+            opts,
+            header,
+            stamp,
+            seq,
+            current: Current {
+                file,
+                path,
+                base: counters,
+                late_base: late,
+            },
+            syncing: None,
+            rotations: 0,
+        };
+        r.prune()?;
+        Ok(r)
+    }
+
+    /// The file being written.
+    pub fn current_path(&self) -> &Path {
+        &self.current.path
+    }
+
+    /// The list of areas the next file will start from.
+    pub fn areas(&self) -> &LiveAreas {
+        &self.areas
+    }
+
+    /// Writes every held event below `watermark`, starting a new file whenever the current one
+    /// is full. `counters` reads the probes' counters (only at a rotation).
+    pub fn emit(
+        &mut self,
+        pipeline: &mut Pipeline,
+        watermark: u64,
+        counters: &mut dyn FnMut() -> anyhow::Result<ProbeCounters>,
+    ) -> anyhow::Result<()> {
+        while let Some(rec) = pipeline.reorder.pop_one(watermark) {
+            self.areas.apply(&rec);
+            let cur = &mut self.current;
+            cur.file
+                .write_event(&rec)
+                .with_context(|| format!("writing {}", cur.path.display()))?;
+            if cur.file.bytes_written() >= self.opts.max_bytes && cur.file.event_lines() > 0 {
+                self.rotate(pipeline.late_events(), counters()?)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        self.current
+            .file
+            .flush()
+            .with_context(|| format!("writing {}", self.current.path.display()))
+    }
+
+    /// Closes the current file with a `rotated` footer and opens the next, seeded from the
+    /// live area list.
+    fn rotate(&mut self, late: u64, counters: ProbeCounters) -> anyhow::Result<()> {
+        let (path, file) = create_next(&self.opts.dir, &self.stamp, &mut self.seq)?;
+        let mut header = self.header.clone();
+        header.start_boottime_ns = system::boottime_ns();
+        header.start_realtime_ns = system::realtime_ns();
+        let file = TraceFile::start(file, &header, &self.areas.snapshot())
+            .with_context(|| format!("writing {}", path.display()))?;
+        let next = Current {
+            file,
+            path,
+            base: counters.clone(),
+            late_base: late,
+        };
+        let old = std::mem::replace(&mut self.current, next);
+        let closed = close(old, StopReason::Rotated, late, &counters)?;
+        // fsync off the event thread: a slow disk must not stall event processing. One at a
+        // time, so a disk slower than the event rate cannot pile up threads.
+        if let Some(h) = self.syncing.take() {
+            let _ = h.join();
+        }
+        self.syncing = std::thread::Builder::new()
+            .name("vmtrace-fsync".into())
+            .spawn(move || {
+                let _ = closed.sync_data();
+            })
+            .ok();
+        self.rotations += 1;
+        self.prune()?;
+        Ok(())
+    }
+
+    /// Writes the last footer and syncs the file; returns its path.
+    pub fn finish(
+        mut self,
+        reason: StopReason,
+        late: u64,
+        counters: &ProbeCounters,
+    ) -> anyhow::Result<PathBuf> {
+        if let Some(h) = self.syncing.take() {
+            let _ = h.join();
+        }
+        let path = self.current.path.clone();
+        let f = close(self.current, reason, late, counters)?;
+        let _ = f.sync_data();
+        Ok(path)
+    }
+
+    /// Deletes the oldest `vmtrace-*.jsonl` files beyond `keep` (never the current one).
+    fn prune(&self) -> anyhow::Result<()> {
+        if self.opts.keep == 0 {
+            return Ok(());
+        }
+        let dir = &self.opts.dir;
+        let mut older: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("listing {}", dir.display()))?
+            .filter_map(Result::ok)
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with(PREFIX)
+                    && name.ends_with(SUFFIX)
+                    && e.file_type().is_ok_and(|t| t.is_file())
+            })
+            .map(|e| e.path())
+            .filter(|p| *p != self.current.path)
+            .collect();
+        older.sort();
+        let excess = (older.len() + 1).saturating_sub(self.opts.keep);
+        for p in older.into_iter().take(excess) {
+            match std::fs::remove_file(&p) {
+                Ok(()) => log::info!("deleted {} (--keep {})", p.display(), self.opts.keep),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("deleting {}", p.display())),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes a file's footer from the counters' progress since it began; returns the file.
+fn close(
+    cur: Current,
+    reason: StopReason,
+    late: u64,
+    counters: &ProbeCounters,
+) -> anyhow::Result<File> {
+    let f = footer(
+        reason,
+        None,
+        &cur.file.tally,
+        late.saturating_sub(cur.late_base),
+        &counters.since(&cur.base),
+    );
+    cur.file
+        .finish(&f)
+        .with_context(|| format!("writing {}", cur.path.display()))
+}
+
+/// Creates the next file that does not exist yet (a restart within the same second finds its
+/// predecessor's names taken), bumping `seq`.
+fn create_next(dir: &Path, stamp: &str, seq: &mut u32) -> anyhow::Result<(PathBuf, File)> {
+    loop {
+        *seq += 1;
+        let path = dir.join(format!("{PREFIX}{stamp}-{:06}{SUFFIX}", *seq));
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && *seq < 1_000_000 => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
