@@ -39,6 +39,7 @@ pub enum Command {
     /// them. Each successful allocation's predicted address is compared with the kernel's, each
     /// free's lazy backlog (nr_lazy) and each purge's object count (npurged). Agreement is given
     /// overall and after warm-up, with the first divergences and the model state around them.
+    /// With --report DIR it also writes charts (SVG, PNG) and an index.html there.
     /// See docs/model.md for what the model does and does not know.
     Replay(ReplayArgs),
     /// Generate a synthetic trace shaped like lib/test_vmalloc.c, with addresses chosen by the
@@ -141,9 +142,23 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=128))]
     pub nodes: Option<u32>,
 
+    /// What-if: vmap zone size in pages instead of the trace header's (or the kernel's 16 with
+    /// --nodes). addr_to_node deals zones of this size to the nodes round-robin, so it decides
+    /// which node's busy and lazy lists, and locks, an area belongs to.
+    #[arg(long, value_name = "PAGES", value_parser = clap::value_parser!(u64).range(1..=(1 << 40)))]
+    pub zone_pages: Option<u64>,
+
     /// What-if: lazy_max_pages (drain threshold, in pages) instead of the trace header's.
     #[arg(long, value_name = "PAGES", value_parser = clap::value_parser!(u64).range(1..))]
     pub lazy_max: Option<u64>,
+
+    /// Write charts (SVG and PNG) and an index.html with the summary tables into DIR, created
+    /// if missing: footprint over time, lazy backlog against the threshold with purges, per-node
+    /// allocation share, lock-wait distribution per class and the variant comparison. Runs the
+    /// free-running what-if for every --variant given (all three when none is) so the charts
+    /// have something to compare.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
 
     /// How many divergences to list with their context.
     #[arg(long, default_value_t = 10, value_name = "N")]

@@ -6,47 +6,83 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
+use super::charts::{write_report, ReportInput};
 use super::free_run::{free_run, FreeRunOptions};
 use super::{render_comparison, render_text, replay, ReplayOptions};
 use crate::cli::ReplayArgs;
 use crate::model::Variant;
 
-/// Runs one replay per requested variant and prints the reports; with `--free-running`, or
-/// with several variants, the free-running what-if comparison as well.
+/// Runs one replay per requested variant and prints the reports; with `--free-running`, with
+/// several variants, or with `--report`, the free-running what-if comparison as well. With
+/// `--report DIR`, writes the charts and index.html there and says so on stderr.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     let variants = if args.variants.is_empty() {
         vec![Variant::Nodes]
     } else {
         args.variants.clone()
     };
-    let compare = args.free_running || variants.len() > 1;
+    // A report compares the designs: all three unless the user chose.
+    let what_if_variants = if args.variants.is_empty() && args.report.is_some() {
+        Variant::ALL.to_vec()
+    } else {
+        variants.clone()
+    };
+    let compare = args.free_running || variants.len() > 1 || args.report.is_some();
+    // The charts' observed side (footprint, backlog, purges) comes from an observed-timing
+    // replay, so a report makes one even with --free-running (not printed then).
+    let observed_passes = if args.free_running {
+        usize::from(args.report.is_some())
+    } else {
+        variants.len()
+    };
+    let passes = observed_passes + if compare { what_if_variants.len() } else { 0 };
+    if args.trace.as_os_str() == "-" && passes > 1 {
+        anyhow::bail!(
+            "this replay reads the trace {passes} times (several variants, --free-running or --report), which stdin cannot give; pass the trace as a file"
+        );
+    }
     let mut reports = Vec::new();
+    let mut chart_only = Vec::new();
     let mut what_ifs = Vec::new();
     let fr = FreeRunOptions {
         purge_latency_ns: u64::try_from(args.purge_latency.as_nanos()).unwrap_or(u64::MAX),
         ..FreeRunOptions::default()
     };
-    for &variant in &variants {
-        let opts = ReplayOptions {
-            variant,
-            strict: args.strict,
-            nodes: args.nodes,
-            lazy_max_pages: args.lazy_max,
-            max_divergences: args.divergences,
-        };
-        let context = || {
-            format!(
-                "replaying {} with variant {}",
-                args.trace.display(),
-                variant.name()
-            )
-        };
-        if !args.free_running {
-            let report = replay(open(&args.trace)?, &opts).with_context(context)?;
+    let options = |variant| ReplayOptions {
+        variant,
+        strict: args.strict,
+        nodes: args.nodes,
+        zone_pages: args.zone_pages,
+        lazy_max_pages: args.lazy_max,
+        max_divergences: args.divergences,
+    };
+    let context = |variant: Variant, mode: &str| {
+        format!(
+            "replaying {} with variant {} ({mode})",
+            args.trace.display(),
+            variant.name()
+        )
+    };
+    let progress = |variant: Variant, mode: &str| {
+        if args.report.is_some() {
+            eprintln!("vmtrace replay: {}", context(variant, mode));
+        }
+    };
+    for &variant in variants.iter().take(observed_passes) {
+        progress(variant, "observed timing");
+        let report = replay(open(&args.trace)?, &options(variant))
+            .with_context(|| context(variant, "observed timing"))?;
+        if args.free_running {
+            chart_only.push(report);
+        } else {
             reports.push(report);
         }
-        if compare {
-            let w = free_run(open(&args.trace)?, &opts, &fr).with_context(context)?;
+    }
+    if compare {
+        for &variant in &what_if_variants {
+            progress(variant, "free-running");
+            let w = free_run(open(&args.trace)?, &options(variant), &fr)
+                .with_context(|| context(variant, "free-running"))?;
             what_ifs.push(w);
         }
     }
@@ -73,12 +109,33 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
             out.write_all(render_comparison(&what_ifs).as_bytes())?;
         }
     }
+    out.flush()?;
+    if let Some(dir) = &args.report {
+        let trace = args.trace.display().to_string();
+        let input = ReportInput {
+            trace: &trace,
+            fidelity: if reports.is_empty() {
+                &chart_only
+            } else {
+                &reports
+            },
+            what_if: &what_ifs,
+        };
+        let files = write_report(dir, &input)
+            .with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        eprintln!(
+            "vmtrace replay: wrote {} charts (SVG and PNG) and {} to {}",
+            files.len().saturating_sub(1) / 2,
+            dir.join("index.html").display(),
+            dir.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 fn open(path: &std::path::Path) -> anyhow::Result<Box<dyn BufRead>> {
     if path.as_os_str() == "-" {
-        // Several variants cannot re-read stdin; the first one consumes it.
+        // Only one pass can read stdin; `run` refuses more before the first.
         return Ok(Box::new(BufReader::new(std::io::stdin())));
     }
     let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;

@@ -18,6 +18,7 @@
 //! guard page. Agreement is therefore reported overall and after warm-up: after the first purge
 //! that put observed frees into the pools of every node.
 
+pub mod charts;
 pub mod cli;
 pub mod free_run;
 mod report;
@@ -43,8 +44,12 @@ pub struct ReplayOptions {
     pub variant: Variant,
     /// Turn warnings (unknown frees, timestamps going backwards, …) into errors.
     pub strict: bool,
-    /// What-if override of the node count (the zone size follows the kernel's rule).
+    /// What-if override of the node count (the zone size follows the kernel's rule unless
+    /// `zone_pages` is given too).
     pub nodes: Option<u32>,
+    /// What-if override of the zone size in pages: `addr_to_node` deals zones of this size to
+    /// the nodes round-robin, so it decides which node's busy and lazy lock an area takes.
+    pub zone_pages: Option<u64>,
     /// What-if override of `lazy_max_pages`.
     pub lazy_max_pages: Option<u64>,
     /// How many divergences to keep with their context.
@@ -57,6 +62,7 @@ impl Default for ReplayOptions {
             variant: Variant::Nodes,
             strict: false,
             nodes: None,
+            zone_pages: None,
             lazy_max_pages: None,
             max_divergences: 10,
         }
@@ -215,6 +221,95 @@ pub struct Report {
     pub hidden_ranges_used: u64,
     pub pooled_objects_at_end: u64,
     pub lazy_pages_at_end: u64,
+    /// Successful allocations per node of the CPU that made them (the pool `node_alloc` would
+    /// use), as the kernel did them: the observed side of the per-node share chart.
+    pub allocs_per_node: Vec<u64>,
+    /// The kernel's threshold as the last free reported it (`nr_lazy_max`), which differs
+    /// from `lazy_max_pages` under `--lazy-max` or when online CPUs changed.
+    pub observed_nr_lazy_max: Option<u64>,
+    /// Observed footprint and backlog over time (charts), at most [`SERIES_CAP`] points evenly
+    /// spaced in events, so memory stays bounded whatever the trace length.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub observed_series: Vec<ObservedSample>,
+    /// meminfo `VmallocUsed` samples, when the trace has them (at most [`SERIES_CAP`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub vmalloc_used_series: Vec<VmallocUsedSample>,
+}
+
+/// Most points a time series in a report keeps.
+pub const SERIES_CAP: usize = 500;
+
+/// One observed point: what the kernel showed at an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ObservedSample {
+    pub ts_ns: u64,
+    /// Bytes from VMALLOC_START to the highest end the kernel allocated during the trace (0
+    /// before the first allocation): the measure of [`WhatIf::high_water_bytes`], so that the
+    /// two compare. Snapshot areas are left out: the percpu chunks sit at the top of the range
+    /// and would dwarf everything the workload did.
+    pub high_water_bytes: u64,
+    /// The kernel's `vmap_lazy_nr` as the last free reported it (the seeded backlog before).
+    pub lazy_pages: u64,
+}
+
+/// One meminfo sample of `VmallocUsed`: pages of busy vmalloc areas, not the address span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct VmallocUsedSample {
+    pub ts_ns: u64,
+    pub bytes: u64,
+}
+
+/// Keeps every `every`-th offered point and, when `cap` are kept, drops every other one and
+/// doubles `every`: between `cap / 2` and `cap` points, evenly spaced in offers, in O(cap)
+/// memory without knowing the trace's length in advance.
+#[derive(Clone, Debug)]
+pub(crate) struct Thinned<T> {
+    cap: usize,
+    every: u64,
+    offered: u64,
+    points: Vec<T>,
+    /// The latest offer not kept, so that the series ends where the trace ends.
+    last: Option<T>,
+}
+
+impl<T: Copy> Thinned<T> {
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            cap: cap.max(2),
+            every: 1,
+            offered: 0,
+            points: Vec::new(),
+            last: None,
+        }
+    }
+
+    pub(crate) fn offer(&mut self, point: T) {
+        if self.offered.is_multiple_of(self.every) {
+            self.points.push(point);
+            self.last = None;
+            if self.points.len() >= self.cap {
+                let mut i = 0;
+                self.points.retain(|_| {
+                    i += 1;
+                    i % 2 == 1
+                });
+                self.every = self.every.saturating_mul(2);
+            }
+        } else {
+            self.last = Some(point);
+        }
+        self.offered += 1;
+    }
+
+    pub(crate) fn finish(mut self) -> Vec<T> {
+        if let Some(p) = self.last {
+            if self.points.len() >= self.cap {
+                self.points.pop();
+            }
+            self.points.push(p);
+        }
+        self.points
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -269,6 +364,10 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
     let layout = match opts.nodes {
         Some(n) => NodeLayout::from_cpus(n, page_size),
         None => NodeLayout::new(header.vmap.nr_vmap_nodes, header.vmap.zone_size),
+    };
+    let layout = match opts.zone_pages {
+        Some(z) => NodeLayout::new(layout.nr_nodes(), z.saturating_mul(page_size)),
+        None => layout,
     };
     let lazy_max = opts.lazy_max_pages.unwrap_or(
         header
@@ -346,6 +445,14 @@ struct Replayer<'o> {
     allocinfo_pt: Option<(i64, i64)>,
     obs_high: u64,
     pred_high: u64,
+    /// The kernel's backlog as the last free reported it.
+    obs_lazy: u64,
+    obs_lazy_max: Option<u64>,
+    /// Highest end the kernel allocated after the snapshot.
+    obs_run_high: u64,
+    obs_series: Thinned<ObservedSample>,
+    vmalloc_used: Thinned<VmallocUsedSample>,
+    obs_per_node: Vec<u64>,
     seed: SeedInfo,
     tally: EventTally,
     placement: Agreement,
@@ -363,6 +470,7 @@ struct Replayer<'o> {
 
 impl<'o> Replayer<'o> {
     fn new(model: Model, opts: &'o ReplayOptions) -> Self {
+        let nodes = model.params().layout.nr_nodes() as usize;
         Self {
             model,
             opts,
@@ -388,6 +496,12 @@ impl<'o> Replayer<'o> {
             allocinfo_pt: None,
             obs_high: 0,
             pred_high: 0,
+            obs_lazy: 0,
+            obs_lazy_max: None,
+            obs_run_high: 0,
+            obs_series: Thinned::new(SERIES_CAP),
+            vmalloc_used: Thinned::new(SERIES_CAP),
+            obs_per_node: vec![0; nodes],
             seed: SeedInfo::default(),
             tally: EventTally::default(),
             placement: Agreement::default(),
@@ -460,6 +574,7 @@ impl<'o> Replayer<'o> {
             }
         }
         self.seed.lazy_pages = self.model.lazy_pages();
+        self.obs_lazy = self.seed.lazy_pages;
         self.seed_tables = total_tables(&self.pred_slots.counts());
     }
 
@@ -483,8 +598,18 @@ impl<'o> Replayer<'o> {
         self.last_ts = self.last_ts.max(ts);
         let in_window = ts <= self.snapshot_end;
         match rec {
-            Record::Alloc(a) => self.alloc(&a, in_window),
-            Record::Free(f) => self.free(&f, in_window),
+            Record::Alloc(a) => {
+                self.alloc(&a, in_window)?;
+                self.observe(ts);
+                Ok(())
+            }
+            Record::Free(f) => {
+                self.free(&f, in_window)?;
+                self.obs_lazy = f.nr_lazy;
+                self.obs_lazy_max = Some(f.nr_lazy_max);
+                self.observe(ts);
+                Ok(())
+            }
             Record::Purge(p) => self.purge(&p),
             Record::PtPage(_) => {
                 *self.pt_page_events.get_or_insert(0) += 1;
@@ -493,6 +618,10 @@ impl<'o> Replayer<'o> {
             Record::Meminfo(m) => {
                 let first = self.meminfo_kb.map_or(m.page_tables_kb, |(f, _)| f);
                 self.meminfo_kb = Some((first, m.page_tables_kb));
+                self.vmalloc_used.offer(VmallocUsedSample {
+                    ts_ns: m.ts_ns,
+                    bytes: m.vmalloc_used_kb.saturating_mul(1024),
+                });
                 Ok(())
             }
             Record::Allocinfo(a) => {
@@ -502,6 +631,16 @@ impl<'o> Replayer<'o> {
             }
             _ => Ok(()),
         }
+    }
+
+    /// One point of the observed series after an allocation or a free.
+    fn observe(&mut self, ts: u64) {
+        let start = self.model.params().vmalloc_start;
+        self.obs_series.offer(ObservedSample {
+            ts_ns: ts,
+            high_water_bytes: self.obs_run_high.saturating_sub(start),
+            lazy_pages: self.obs_lazy,
+        });
     }
 
     fn diverge(&mut self, d: Divergence) {
@@ -592,12 +731,17 @@ impl<'o> Replayer<'o> {
             return Ok(());
         }
         self.tally.alloc += 1;
+        let node = p.layout.cpu_to_node(a.ctx.cpu) as usize;
+        if let Some(n) = self.obs_per_node.get_mut(node) {
+            *n += 1;
+        }
         if self.drain_pending && self.early.is_none() && self.lazy_overlaps(addr, size) {
             self.purge_early();
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
         self.obs_slots.map(addr, mapped_end(addr));
         self.obs_high = self.obs_high.max(addr + size);
+        self.obs_run_high = self.obs_run_high.max(addr + size);
         let context = if self.divergences.len() < self.opts.max_divergences {
             self.context(size, a.ctx.cpu)
         } else {
@@ -905,10 +1049,120 @@ impl<'o> Replayer<'o> {
             hidden_ranges_used: self.unhidden,
             pooled_objects_at_end: self.model.pools().objects(),
             lazy_pages_at_end: self.model.lazy_pages(),
+            allocs_per_node: self.obs_per_node,
+            observed_nr_lazy_max: self.obs_lazy_max,
+            observed_series: self.obs_series.finish(),
+            vmalloc_used_series: self.vmalloc_used.finish(),
         }
     }
 }
 
 fn total_tables(c: &SlotCounts) -> u64 {
     c.pte_tables + c.pmd_tables + c.pud_tables
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{generate, SynthParams, VMALLOC_START};
+
+    /// A small synthetic trace on 2 CPUs: header with 2 nodes of 16-page zones.
+    fn trace() -> Vec<u8> {
+        let p = SynthParams {
+            mask: 3,
+            threads: 2,
+            cpus: 2,
+            loops: 30,
+            busy_list: 10,
+            nr_pages: 2,
+            ..SynthParams::default()
+        };
+        let mut out = Vec::new();
+        generate(&p, vec!["test".into()], &mut out).expect("synth");
+        out
+    }
+
+    #[test]
+    fn zone_pages_overrides_the_header_zone_and_moves_areas_between_nodes() {
+        let bytes = trace();
+        let header = open(&bytes[..], &ReplayOptions::default()).expect("open");
+        let hl = header.params.layout;
+        assert_eq!((hl.nr_nodes(), hl.zone_size()), (2, 16 * 4096));
+        let opts = ReplayOptions {
+            zone_pages: Some(1),
+            ..ReplayOptions::default()
+        };
+        let zl = open(&bytes[..], &opts).expect("open").params.layout;
+        assert_eq!((zl.nr_nodes(), zl.zone_size()), (2, 4096));
+        // The page after VMALLOC_START is in node 0's first zone by the header, node 1's with
+        // one-page zones.
+        assert_eq!(hl.addr_to_node(VMALLOC_START + 4096), 0);
+        assert_eq!(zl.addr_to_node(VMALLOC_START + 4096), 1);
+        // With --nodes the kernel's rule gives the zone unless --zone-pages overrides it too.
+        let n = ReplayOptions {
+            nodes: Some(4),
+            ..ReplayOptions::default()
+        };
+        assert_eq!(
+            open(&bytes[..], &n)
+                .expect("open")
+                .params
+                .layout
+                .zone_size(),
+            16 * 4096
+        );
+        let nz = ReplayOptions {
+            nodes: Some(4),
+            zone_pages: Some(3),
+            ..ReplayOptions::default()
+        };
+        let l = open(&bytes[..], &nz).expect("open").params.layout;
+        assert_eq!((l.nr_nodes(), l.zone_size()), (4, 3 * 4096));
+
+        // The replay reports the zone it used, and areas take other nodes' busy locks.
+        let by_header = replay(&bytes[..], &ReplayOptions::default()).expect("replay");
+        let by_page = replay(&bytes[..], &opts).expect("replay");
+        assert_eq!(by_header.zone_size, 16 * 4096);
+        assert_eq!(by_page.zone_size, 4096);
+        assert_ne!(by_header.locks.busy, by_page.locks.busy);
+        assert_eq!(
+            by_header.locks.busy.iter().sum::<u64>(),
+            by_page.locks.busy.iter().sum::<u64>()
+        );
+    }
+
+    #[test]
+    fn observed_series_is_bounded_and_ends_at_the_last_event() {
+        let mut t = Thinned::new(10);
+        for i in 0..1000u64 {
+            t.offer(i);
+        }
+        let pts = t.finish();
+        assert!(pts.len() <= 10 && pts.len() >= 5, "{pts:?}");
+        assert_eq!(pts[0], 0);
+        assert_eq!(*pts.last().unwrap(), 999);
+        // Evenly spaced apart from the final point.
+        let steps: Vec<u64> = pts.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            steps[..steps.len() - 1].windows(2).all(|w| w[0] == w[1]),
+            "{steps:?}"
+        );
+
+        let r = replay(&trace()[..], &ReplayOptions::default()).expect("replay");
+        assert!(!r.observed_series.is_empty() && r.observed_series.len() <= SERIES_CAP);
+        assert!(r
+            .observed_series
+            .windows(2)
+            .all(|w| w[0].ts_ns <= w[1].ts_ns && w[0].high_water_bytes <= w[1].high_water_bytes));
+        assert_eq!(
+            r.allocs_per_node.iter().sum::<u64>(),
+            r.events.alloc,
+            "{:?}",
+            r.allocs_per_node
+        );
+        assert!(
+            r.allocs_per_node.iter().all(|&n| n > 0),
+            "both CPUs allocate"
+        );
+    }
 }
