@@ -82,6 +82,16 @@ pub enum ProbeError {
         "tracepoint {tracepoint} lacks the field `{field}` vmtrace needs (kernel format changed?)"
     )]
     MissingField { tracepoint: String, field: String },
+    #[error(
+        "tracepoint {tracepoint}: field `{field}` at offset {offset} is not aligned to its size \
+         {size}; the probe picks fields out of one bulk copy by aligned index"
+    )]
+    Misaligned {
+        tracepoint: String,
+        field: String,
+        offset: u16,
+        size: u8,
+    },
     #[error("tracepoint {tracepoint}: field `{field}` has unsupported size {size}")]
     BadFieldSize {
         tracepoint: String,
@@ -124,6 +134,14 @@ pub fn build_layout(
                     return Err(ProbeError::BadFieldSize {
                         tracepoint: tp,
                         field: f.name.clone(),
+                        size: f.size,
+                    });
+                }
+                if f.offset % u16::from(f.size) != 0 {
+                    return Err(ProbeError::Misaligned {
+                        tracepoint: tp,
+                        field: f.name.clone(),
+                        offset: f.offset,
                         size: f.size,
                     });
                 }
@@ -954,6 +972,18 @@ mod tests {
         );
         assert_eq!(layout.fields[2], FieldLoc::default());
         assert_eq!(info.missing_fields, ["align"]);
+    }
+
+    #[test]
+    fn a_misaligned_field_is_refused() {
+        // The probe picks fields out of one bulk copy by aligned index, so an unaligned offset
+        // would silently read the wrong bytes: refuse it instead.
+        let f = fmt(&[("addr", 12, 8, false), ("size", 24, 8, false)]);
+        let err = build_layout(&TRACEPOINTS[0], &f).unwrap_err();
+        assert!(
+            matches!(err, ProbeError::Misaligned { offset: 12, .. }),
+            "{err}"
+        );
     }
 
     #[test]
