@@ -1,17 +1,29 @@
 //! `cargo xtask bench`: how much does tracing slow a vmalloc-heavy workload?
 //!
-//! One run measures the same `vmtrace stress fix-size` workload four ways: untraced, under
-//! `vmtrace record`, under a bpftrace script counting the same three vmalloc tracepoints, and
-//! under `perf record -e 'vmalloc:*'`. The workload reports its own throughput, so tracer
-//! start-up and tear-down are not counted. The goal the numbers are held to: vmtrace slows the
-//! workload no more than bpftrace does. This is a benchmark, not a test: it reports, it does
-//! not judge, and it only fails when a condition cannot be measured at all.
+//! One run measures the same `vmtrace stress fix-size` workload under each condition of
+//! [`CONDITIONS`]: untraced; under `vmtrace record` with the foundation probes only (the three
+//! vmalloc tracepoints, which is what the bpftrace baseline counts), with the default probes,
+//! and with the issue-4 ladder set; under `vmtrace serve` scraped every second, with and without
+//! `--record`; under a bpftrace script counting the same three tracepoints; and under
+//! `perf record -e 'vmalloc:*'`. The workload reports its own throughput, so tracer start-up and
+//! tear-down are not counted. Conditions are interleaved round by round and compared by their
+//! medians, because on a small shared machine one run of each is mostly noise.
+//!
+//! The goals the numbers are held to: vmtrace slows the workload no more than bpftrace does,
+//! and `serve` no more than `record`. This is a benchmark, not a test: it reports, it does not
+//! judge, and it only fails when a condition cannot be measured at all.
+//!
+//! `--soak DURATION` runs the daemon instead: `vmtrace serve --record` under stress with a
+//! scrape every second, printing its resident memory as it goes, to show it stays flat.
 
 use std::fs;
+use std::io::Write as _;
 use std::io::{BufRead as _, BufReader, Read as _, Seek as _, SeekFrom};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,14 +47,95 @@ pub struct BenchArgs {
     /// Worker threads of the workload.
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
-    /// Repeat the four conditions this many times, interleaved, and compare medians: on a busy
+    /// Repeat the conditions this many times, interleaved, and compare medians: on a busy
     /// machine one run of each is mostly noise.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
-    /// Keep the vmtrace trace and perf.data in target/bench/ instead of deleting them (they can
-    /// take hundreds of MB).
+    /// Keep the vmtrace traces and perf.data in target/bench/ instead of deleting them (they
+    /// can take hundreds of MB).
     #[arg(long)]
     pub keep: bool,
+    /// Measure only these conditions, comma-separated (default: all): untraced, foundation,
+    /// record, ladder, serve, serve-record, bpftrace, perf. `untraced` is always measured: it
+    /// is the baseline of every ratio.
+    #[arg(long, value_delimiter = ',', value_name = "CONDITIONS")]
+    pub only: Vec<String>,
+    /// Soak instead of the overhead table: run `vmtrace serve --record` this long (`10m`) under
+    /// stress with a scrape every second, printing its RSS at the start, every --soak-every and
+    /// at the end; results in target/bench/soak.json.
+    #[arg(long, value_name = "DURATION")]
+    pub soak: Option<String>,
+    /// With --soak: how often to print the RSS.
+    #[arg(long, value_name = "DURATION", default_value = "1m")]
+    pub soak_every: String,
+}
+
+/// One way of running the workload.
+#[derive(Clone, Copy, Debug)]
+struct Condition {
+    /// What `--only` names it.
+    key: &'static str,
+    /// Its row in the table and `condition` in overhead.json.
+    label: &'static str,
+}
+
+/// Every condition, in the order each round measures them.
+const CONDITIONS: [Condition; 8] = [
+    Condition {
+        key: "untraced",
+        label: "untraced",
+    },
+    Condition {
+        key: "foundation",
+        label: "record --probes none",
+    },
+    Condition {
+        key: "record",
+        label: "vmtrace record",
+    },
+    Condition {
+        key: "ladder",
+        label: "record +ladder",
+    },
+    Condition {
+        key: "serve",
+        label: "serve, 1 scrape/s",
+    },
+    Condition {
+        key: "serve-record",
+        label: "serve --record",
+    },
+    Condition {
+        key: "bpftrace",
+        label: "bpftrace",
+    },
+    Condition {
+        key: "perf",
+        label: "perf record",
+    },
+];
+
+/// The optional probes of the `ladder` condition: issue 4's set (the default set has
+/// alloc_latency instead of page_tables).
+const LADDER_PROBES: &str = "lock_waits,purge_work,page_tables";
+
+/// The conditions `--only` selects, in measuring order, with `untraced` added; an unknown name
+/// is refused with the list of known ones.
+fn select(only: &[String]) -> Result<Vec<Condition>> {
+    for name in only {
+        if !CONDITIONS.iter().any(|c| c.key == name.trim()) {
+            bail!(
+                "unknown condition `{name}` in --only; known: {}",
+                CONDITIONS.map(|c| c.key).join(", ")
+            );
+        }
+    }
+    Ok(CONDITIONS
+        .into_iter()
+        .filter(|c| {
+            only.is_empty() || c.key == "untraced" || only.iter().any(|o| o.trim() == c.key)
+        })
+        .collect())
 }
 
 /// The bpftrace baseline: count the three tracepoints vmtrace records, the cheapest thing a
@@ -62,10 +155,14 @@ struct StressReport {
 #[derive(Debug, Serialize)]
 struct Outcome {
     condition: &'static str,
+    key: &'static str,
     command: String,
     total_ops: Option<u64>,
     ops_per_sec: Option<f64>,
     ratio_to_untraced: Option<f64>,
+    /// Lowest and highest round's ops/s over the median untraced ops/s: the spread a
+    /// difference between two ratios has to beat to mean something.
+    ratio_range: Option<(f64, f64)>,
     /// What the tracer itself reported (vmtrace's footer, bpftrace's counts, perf's samples).
     tracer: Option<Value>,
     /// Why the numbers may not mean what they seem, e.g. another tracer was attached.
@@ -77,10 +174,14 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     if !is_root() {
         bail!("the benchmark attaches tracers (vmtrace, bpftrace, perf -a) and needs root");
     }
+    let conditions = select(&args.only)?;
     setup()?;
     let vmtrace = build_release()?;
     let dir = cmd::metadata()?.target_directory.join("bench");
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    if let Some(total) = &args.soak {
+        return soak(args, total, &vmtrace, &dir);
+    }
 
     let stress = |program: &Path| {
         let mut c = Command::new(program);
@@ -99,75 +200,126 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         c.arg("--").arg(s.get_program()).args(s.get_args());
         c
     };
+    // `vmtrace record` with some probes, its footer as what the tracer reported.
+    let under_record = |probes: &str, trace: &Path| {
+        let mut record = Command::new(&vmtrace);
+        record.args(["record", "--probes", probes, "-o"]).arg(trace);
+        (with_stress(record), trace.to_path_buf())
+    };
+    let record_footer = |c: &mut Command, trace: &Path| {
+        let (report, _) = run_workload(c)?;
+        let footer = last_line(trace)
+            .ok()
+            .flatten()
+            .filter(|v| v["type"] == "footer");
+        Ok((report, Some(json!({ "footer": footer }))))
+    };
+    let default_probes = vmtrace_default_probes(&vmtrace);
 
     let rounds = args.rounds.max(1);
     let mut all_rounds: Vec<Vec<Outcome>> = Vec::new();
     for round in 1..=rounds {
         let mut outcomes = Vec::new();
-
-        banner(&format!("round {round}/{rounds}: untraced"));
-        outcomes.push(measure("untraced", stress(&vmtrace), |c| {
-            run_workload(c).map(|(r, _)| (r, None))
-        }));
-
-        banner(&format!("round {round}/{rounds}: under vmtrace record"));
-        let trace = dir.join("vmtrace-record.jsonl");
-        let mut record = Command::new(&vmtrace);
-        record.args(["record", "-o"]).arg(&trace);
-        outcomes.push(measure("vmtrace record", with_stress(record), |c| {
-            let (report, _) = run_workload(c)?;
-            let footer = last_line(&trace)
-                .ok()
-                .flatten()
-                .filter(|v| v["type"] == "footer");
-            Ok((report, Some(json!({ "footer": footer }))))
-        }));
-        if !args.keep {
-            let _ = fs::remove_file(&trace);
-        }
-
-        banner(&format!("round {round}/{rounds}: under bpftrace"));
-        outcomes.push(measure("bpftrace", stress(&vmtrace), under_bpftrace));
-
-        banner(&format!("round {round}/{rounds}: under perf record"));
-        let perf_data = dir.join("perf.data");
-        let mut perf = Command::new("perf");
-        perf.args(["record", "-e", "vmalloc:*", "-a", "-o"])
-            .arg(&perf_data);
-        outcomes.push(measure("perf record", with_stress(perf), |c| {
-            let (report, stderr) = run_workload(c)?;
-            let bytes = fs::metadata(&perf_data).map(|m| m.len()).ok();
-            let samples = perf_samples(&stderr);
-            Ok((
-                report,
-                Some(json!({ "samples": samples, "perf_data_bytes": bytes })),
-            ))
-        }));
-        if !args.keep {
-            let _ = fs::remove_file(&perf_data);
+        for c in &conditions {
+            banner(&format!("round {round}/{rounds}: {}", c.label));
+            let outcome = match c.key {
+                "untraced" => measure(*c, stress(&vmtrace), |cmd| {
+                    run_workload(cmd).map(|(r, _)| (r, None))
+                }),
+                "foundation" | "record" | "ladder" => {
+                    let probes = match c.key {
+                        "foundation" => "none",
+                        "record" => default_probes.as_str(),
+                        _ => LADDER_PROBES,
+                    };
+                    let (cmd, trace) =
+                        under_record(probes, &dir.join(format!("vmtrace-{}.jsonl", c.key)));
+                    let o = measure(*c, cmd, |cmd| record_footer(cmd, &trace));
+                    if !args.keep {
+                        let _ = fs::remove_file(&trace);
+                    }
+                    o
+                }
+                "serve" | "serve-record" => {
+                    let traces = (c.key == "serve-record").then(|| dir.join("serve-traces"));
+                    if let Some(t) = &traces {
+                        let _ = fs::remove_dir_all(t);
+                    }
+                    let o = measure(*c, stress(&vmtrace), |cmd| {
+                        under_serve(&vmtrace, cmd, traces.as_deref(), &dir)
+                    });
+                    if let (Some(t), false) = (&traces, args.keep) {
+                        let _ = fs::remove_dir_all(t);
+                    }
+                    o
+                }
+                "bpftrace" => measure(*c, stress(&vmtrace), under_bpftrace),
+                _ => {
+                    let perf_data = dir.join("perf.data");
+                    let mut perf = Command::new("perf");
+                    perf.args(["record", "-e", "vmalloc:*", "-a", "-o"])
+                        .arg(&perf_data);
+                    let o = measure(*c, with_stress(perf), |cmd| {
+                        let (report, stderr) = run_workload(cmd)?;
+                        let bytes = fs::metadata(&perf_data).map(|m| m.len()).ok();
+                        let samples = perf_samples(&stderr);
+                        Ok((
+                            report,
+                            Some(json!({ "samples": samples, "perf_data_bytes": bytes })),
+                        ))
+                    });
+                    if !args.keep {
+                        let _ = fs::remove_file(&perf_data);
+                    }
+                    o
+                }
+            };
+            outcomes.push(outcome);
         }
         all_rounds.push(outcomes);
     }
     let mut outcomes = median_outcomes(all_rounds);
-    let base = outcomes.first().and_then(|o| o.ops_per_sec);
+    let base = outcomes
+        .iter()
+        .find(|o| o.key == "untraced")
+        .and_then(|o| o.ops_per_sec);
     for o in &mut outcomes {
         o.ratio_to_untraced = match (o.ops_per_sec, base) {
             (Some(v), Some(b)) if b > 0.0 => Some(v / b),
             _ => None,
         };
+        o.ratio_range = match (&o.tracer, base) {
+            (Some(t), Some(b)) if b > 0.0 => {
+                let v: Vec<f64> = t["rounds_ops_per_sec"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_f64)
+                    .collect();
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                (!v.is_empty()).then_some((lo / b, hi / b))
+            }
+            _ => None,
+        };
     }
 
-    print_table(&outcomes);
+    let comparisons = comparisons(&outcomes);
+    print_table(&outcomes, &comparisons);
     let out = dir.join("overhead.json");
     let report = json!({
         "benchmark": "vmtrace stress fix-size throughput under tracers",
         "workload": { "pattern": "fix-size", "pages": args.pages, "threads": args.threads, "duration": args.duration },
         "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).ok(),
         "cpus": thread::available_parallelism().map(usize::from).ok(),
+        "loadavg_at_end": fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_string()).ok(),
         "unix_time": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).ok(),
         "rounds": rounds,
-        "aggregation": "median ops/s per condition over the rounds; ratio = median / median untraced",
+        "default_probes": default_probes,
+        "ladder_probes": LADDER_PROBES,
+        "aggregation": "median ops/s per condition over the rounds; ratio = median / median untraced; ratio_range = (slowest, fastest round) / median untraced",
         "results": outcomes,
+        "comparisons": comparisons,
     });
     let text = serde_json::to_string_pretty(&report).context("cannot serialise the results")?;
     fs::write(&out, text + "\n").with_context(|| format!("cannot write {}", out.display()))?;
@@ -185,6 +337,99 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     }
 }
 
+/// The optional probes `vmtrace record` attaches by default, from its `--help` (so the
+/// benchmark names what it measured even if the default changes); the known default if the
+/// help cannot be read.
+fn vmtrace_default_probes(vmtrace: &Path) -> String {
+    const KNOWN: &str = "lock_waits,purge_work,alloc_latency";
+    let help = cmd::stdout_of(Command::new(vmtrace).args(["record", "--help"])).unwrap_or_default();
+    help.split("--probes")
+        .nth(1)
+        .and_then(|after| after.split("[default: ").nth(1))
+        .and_then(|d| d.split(']').next())
+        .map(str::to_string)
+        .unwrap_or_else(|| KNOWN.to_string())
+}
+
+/// One derived comparison of two conditions' ratios.
+#[derive(Debug, Serialize)]
+struct Comparison {
+    name: &'static str,
+    /// What the numbers mean.
+    meaning: &'static str,
+    a: &'static str,
+    b: &'static str,
+    a_ratio: f64,
+    b_ratio: f64,
+    /// `a_ratio / b_ratio`.
+    quotient: f64,
+    /// For goals: whether `a` slowed the workload no more than `b`; absent for plain figures.
+    goal_met: Option<bool>,
+}
+
+/// The comparisons the issues ask for, where both conditions were measured.
+fn comparisons(outcomes: &[Outcome]) -> Vec<Comparison> {
+    let ratio = |key: &str| {
+        outcomes
+            .iter()
+            .find(|o| o.key == key)
+            .and_then(|o| o.ratio_to_untraced)
+    };
+    let specs: [(&str, &str, &str, &str, bool); 5] = [
+        (
+            "foundation vs bpftrace",
+            "vmtrace with the same three tracepoints bpftrace counts: the fair comparison (goal: no slower)",
+            "foundation",
+            "bpftrace",
+            true,
+        ),
+        (
+            "record vs bpftrace",
+            "vmtrace record with its default probes against bpftrace counting three tracepoints (goal: no slower)",
+            "record",
+            "bpftrace",
+            true,
+        ),
+        (
+            "ladder beyond foundation",
+            "throughput kept with the ladder probes relative to the foundation probes alone; 1 - quotient is the overhead beyond the foundation",
+            "ladder",
+            "foundation",
+            false,
+        ),
+        (
+            "serve vs record",
+            "vmtrace serve scraped every second against vmtrace record, same probes (goal: no slower)",
+            "serve",
+            "record",
+            true,
+        ),
+        (
+            "serve --record vs record",
+            "serve writing rotating trace files against record writing one",
+            "serve-record",
+            "record",
+            false,
+        ),
+    ];
+    specs
+        .into_iter()
+        .filter_map(|(name, meaning, a, b, goal)| {
+            let (ra, rb) = (ratio(a)?, ratio(b)?);
+            Some(Comparison {
+                name,
+                meaning,
+                a,
+                b,
+                a_ratio: ra,
+                b_ratio: rb,
+                quotient: ra / rb,
+                goal_met: goal.then_some(ra >= rb),
+            })
+        })
+        .collect()
+}
+
 /// Folds the rounds into one row per condition: the median ops/s, with every round's figure
 /// kept in `tracer.rounds_ops_per_sec` and all warnings and errors carried over.
 fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
@@ -196,10 +441,12 @@ fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
                 per_condition.push(Vec::new());
                 merged.push(Outcome {
                     condition: o.condition,
+                    key: o.key,
                     command: o.command.clone(),
                     total_ops: None,
                     ops_per_sec: None,
                     ratio_to_untraced: None,
+                    ratio_range: None,
                     tracer: None,
                     warnings: Vec::new(),
                     error: None,
@@ -235,17 +482,20 @@ fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
 /// Runs one condition and turns any failure into a row that says why, so one broken tracer
 /// does not hide the others' numbers.
 fn measure(
-    condition: &'static str,
+    c: Condition,
     mut cmd: Command,
     how: impl FnOnce(&mut Command) -> Result<(StressReport, Option<Value>)>,
 ) -> Outcome {
+    let condition = c.label;
     let command = cmd::display(&cmd);
     let mut outcome = Outcome {
         condition,
+        key: c.key,
         command,
         total_ops: None,
         ops_per_sec: None,
         ratio_to_untraced: None,
+        ratio_range: None,
         tracer: None,
         warnings: Vec::new(),
         error: None,
@@ -272,7 +522,7 @@ fn measure(
             // perf should see an event per alloc and per free; fewer than one per op means
             // something hid them.
             let samples = tracer.as_ref().and_then(|t| t["samples"].as_u64());
-            if condition == "perf record" && samples.unwrap_or(0) < report.total_ops {
+            if c.key == "perf" && samples.unwrap_or(0) < report.total_ops {
                 outcome.warnings.push(format!(
                     "perf recorded {} samples for {} ops: a BPF program returning 0 on these \
                      tracepoints hides their events from perf",
@@ -551,31 +801,435 @@ fn wait_attached(pid: u32, want: usize, timeout: Duration) -> String {
     }
 }
 
-fn print_table(outcomes: &[Outcome]) {
+fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
     banner("overhead: vmtrace stress fix-size throughput");
-    println!("  {:<16} {:>14} {:>10}", "condition", "ops/s", "ratio");
+    println!(
+        "  {:<22} {:>12} {:>8} {:>15}",
+        "condition", "ops/s", "ratio", "rounds"
+    );
     for o in outcomes {
         let ops = o.ops_per_sec.map_or("failed".into(), |v| format!("{v:.0}"));
         let ratio = o
             .ratio_to_untraced
             .map_or("-".into(), |v| format!("{v:.3}"));
+        let range = o
+            .ratio_range
+            .map_or(String::new(), |(lo, hi)| format!("{lo:.3}-{hi:.3}"));
         let flag = if o.warnings.is_empty() {
             ""
         } else {
             "  (see warnings)"
         };
-        println!("  {:<16} {ops:>14} {ratio:>10}{flag}", o.condition);
+        println!(
+            "  {:<22} {ops:>12} {ratio:>8} {range:>15}{flag}",
+            o.condition
+        );
     }
-    let ratio = |name: &str| {
-        outcomes
-            .iter()
-            .find(|o| o.condition == name)
-            .and_then(|o| o.ratio_to_untraced)
+    println!("  foundation = vmtrace record --probes none: the three vmalloc tracepoints, as bpftrace counts them");
+    println!("  ladder = vmtrace record --probes {LADDER_PROBES}");
+    if comparisons.is_empty() {
+        return;
+    }
+    println!();
+    for c in comparisons {
+        let verdict = match c.goal_met {
+            Some(true) => "  goal met",
+            Some(false) => "  goal NOT met",
+            None => "",
+        };
+        println!(
+            "  {:<26} {:.3} / {:.3} = {:.3}{verdict}",
+            c.name, c.a_ratio, c.b_ratio, c.quotient
+        );
+    }
+    println!("  (a goal is met when the first ratio is at least the second; differences inside the rounds' spread are noise)");
+}
+
+/// Scrapes `/metrics` once a second on its own thread, like a Prometheus with a 1 s interval,
+/// until stopped.
+struct Scraper {
+    stop: Arc<AtomicBool>,
+    handle: thread::JoinHandle<ScrapeStats>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct ScrapeStats {
+    scrapes: u64,
+    failures: u64,
+    max_ms: f64,
+    last_error: Option<String>,
+}
+
+impl Scraper {
+    fn start(addr: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = thread::spawn(move || {
+            let mut stats = ScrapeStats::default();
+            let mut next = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                if Instant::now() >= next {
+                    next += Duration::from_secs(1);
+                    let t = Instant::now();
+                    match http_get(addr, "/metrics") {
+                        Ok((200, _)) => stats.scrapes += 1,
+                        Ok((code, _)) => {
+                            stats.failures += 1;
+                            stats.last_error = Some(format!("HTTP {code}"));
+                        }
+                        Err(e) => {
+                            stats.failures += 1;
+                            stats.last_error = Some(e.to_string());
+                        }
+                    }
+                    stats.max_ms = stats.max_ms.max(t.elapsed().as_secs_f64() * 1e3);
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            stats
+        });
+        Scraper { stop, handle }
+    }
+
+    fn stop(self) -> ScrapeStats {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// GET over HTTP/1.0 with a 5 s timeout; `(status, body)`.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let timeout = Duration::from_secs(5);
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The sum of every sample of a metric family in an exposition (all label sets).
+fn metric_sum(exposition: &str, name: &str) -> Option<f64> {
+    let mut found = false;
+    let mut sum = 0.0;
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            continue;
+        }
+        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            sum += v;
+            found = true;
+        }
+    }
+    found.then_some(sum)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A `vmtrace serve` in the background on a free loopback port, stopped with SIGTERM.
+struct Daemon {
+    child: Background,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts serve (with `--record DIR`, rotating at 64 MiB and keeping `keep` files) and
+    /// waits until /healthz answers.
+    fn start(vmtrace: &Path, record: Option<(&Path, u32)>, log: PathBuf) -> Result<Self> {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let mut serve = Command::new(vmtrace);
+        serve.args(["serve", "--listen", &addr.to_string()]);
+        if let Some((dir, keep)) = record {
+            serve
+                .arg("--record")
+                .arg(dir)
+                .args(["--rotate", "64M", "--keep", &keep.to_string()]);
+        }
+        println!("$ {} &", cmd::display(&serve));
+        let stderr =
+            fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let child = serve
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .context("cannot start vmtrace serve")?;
+        let mut d = Daemon {
+            child: Background(child),
+            addr,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if matches!(http_get(addr, "/healthz"), Ok((200, _))) {
+                return Ok(d);
+            }
+            if let Ok(Some(status)) = d.child.0.try_wait() {
+                bail!("vmtrace serve exited ({status}): {}", d.log_text());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "vmtrace serve was not healthy within 60 s: {}",
+                    d.log_text()
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits up to 30 s for the exit; returns the exit status as text.
+    fn stop(mut self) -> Result<String> {
+        let pid = libc::pid_t::try_from(self.pid()).context("serve pid out of range")?;
+        // SAFETY: kill(2) on our own live child.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.0.try_wait() {
+                if !status.success() {
+                    bail!("vmtrace serve exited {status}: {}", self.log_text());
+                }
+                return Ok(status.to_string());
+            }
+            if Instant::now() >= deadline {
+                bail!("vmtrace serve did not stop within 30 s of SIGTERM");
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Runs the workload while `vmtrace serve` (optionally with `--record DIR`) counts it and a
+/// scraper reads /metrics every second.
+fn under_serve(
+    vmtrace: &Path,
+    stress: &mut Command,
+    record: Option<&Path>,
+    dir: &Path,
+) -> Result<(StressReport, Option<Value>)> {
+    let daemon = Daemon::start(vmtrace, record.map(|d| (d, 2)), dir.join("serve.log"))?;
+    let before = http_get(daemon.addr, "/metrics")
+        .ok()
+        .and_then(|(_, b)| metric_sum(&b, "vmtrace_allocations_total"))
+        .unwrap_or(0.0);
+    let scraper = Scraper::start(daemon.addr);
+    let report = run_workload(stress);
+    let scrapes = scraper.stop();
+    let after = http_get(daemon.addr, "/metrics").ok().map(|(_, b)| b);
+    let counted = after
+        .as_deref()
+        .and_then(|b| metric_sum(b, "vmtrace_allocations_total"))
+        .map(|a| a - before);
+    let lost = after
+        .as_deref()
+        .and_then(|b| metric_sum(b, "vmtrace_events_lost_total"));
+    let exit = daemon.stop()?;
+    let (report, _) = report?;
+    Ok((
+        report,
+        Some(json!({
+            "allocations_counted": counted,
+            "events_lost": lost,
+            "scrape": scrapes,
+            "exit": exit,
+        })),
+    ))
+}
+
+/// `10m`, `30s`, `1h`, `90` (seconds) as seconds.
+fn parse_secs(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1),
+        Some('m') => (&t[..t.len() - 1], 60),
+        Some('h') => (&t[..t.len() - 1], 3600),
+        _ => (t, 1),
     };
-    if let (Some(v), Some(b)) = (ratio("vmtrace record"), ratio("bpftrace")) {
-        let verdict = if v >= b { "met" } else { "NOT met" };
-        println!("  goal (vmtrace slows the workload no more than bpftrace): {verdict} ({v:.3} vs {b:.3})");
+    let n: u64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("invalid duration `{s}`: expected e.g. 90, 30s, 10m or 1h"))?;
+    if n == 0 {
+        bail!("duration `{s}` is zero");
     }
+    Ok(n * mult)
+}
+
+/// `VmRSS` and `RssAnon` of a process, in KiB.
+fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    Some((field("VmRSS:")?, field("RssAnon:")?))
+}
+
+/// One RSS sample of the soak.
+#[derive(Debug, Serialize)]
+struct SoakSample {
+    elapsed_s: u64,
+    rss_kib: u64,
+    rss_anon_kib: u64,
+    allocations: Option<f64>,
+    events_lost: Option<f64>,
+    trace_files: usize,
+}
+
+/// `cargo xtask bench --soak`: the daemon under stress for a long time, its memory watched.
+fn soak(
+    args: &BenchArgs,
+    total: &str,
+    vmtrace: &Path,
+    dir: &Path,
+) -> Result<std::process::ExitCode> {
+    let total_s = parse_secs(total)?;
+    let every_s = parse_secs(&args.soak_every)?;
+    let traces = dir.join("soak-traces");
+    let _ = fs::remove_dir_all(&traces);
+    banner(&format!(
+        "soak: vmtrace serve --record for {total_s} s under stress, 1 scrape/s"
+    ));
+    let daemon = Daemon::start(vmtrace, Some((&traces, 4)), dir.join("soak-serve.log"))?;
+    let pid = daemon.pid();
+    let mut stress = Command::new(vmtrace);
+    stress
+        .args(["stress", "fix-size", "--pages", &args.pages.to_string()])
+        .args(["--threads", &args.threads.to_string()])
+        .args(["--duration", &format!("{total_s}s"), "--json"]);
+    println!("$ {} &", cmd::display(&stress));
+    let stress = stress
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start vmtrace stress")?;
+    let mut stress = Background(stress);
+    let scraper = Scraper::start(daemon.addr);
+    let started = Instant::now();
+
+    let sample = |elapsed_s: u64| -> Result<SoakSample> {
+        let (rss, anon) = rss_kib(pid).context("vmtrace serve is gone")?;
+        let metrics = http_get(daemon.addr, "/metrics").ok().map(|(_, b)| b);
+        let files = fs::read_dir(&traces).map(|d| d.count()).unwrap_or(0);
+        let s = SoakSample {
+            elapsed_s,
+            rss_kib: rss,
+            rss_anon_kib: anon,
+            allocations: metrics
+                .as_deref()
+                .and_then(|b| metric_sum(b, "vmtrace_allocations_total")),
+            events_lost: metrics
+                .as_deref()
+                .and_then(|b| metric_sum(b, "vmtrace_events_lost_total")),
+            trace_files: files,
+        };
+        println!(
+            "  t={:>5} s  VmRSS {:>7} KiB  RssAnon {:>7} KiB  allocations {:>11.0}  lost {:>3.0}  files {}",
+            s.elapsed_s,
+            s.rss_kib,
+            s.rss_anon_kib,
+            s.allocations.unwrap_or(f64::NAN),
+            s.events_lost.unwrap_or(f64::NAN),
+            s.trace_files
+        );
+        Ok(s)
+    };
+    let mut samples = vec![sample(0)?];
+    let mut next = every_s.min(total_s);
+    loop {
+        let elapsed = started.elapsed().as_secs();
+        let stress_done = matches!(stress.0.try_wait(), Ok(Some(_)));
+        if elapsed >= total_s || stress_done {
+            break;
+        }
+        if elapsed >= next {
+            samples.push(sample(elapsed)?);
+            next += every_s;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let end = started.elapsed().as_secs();
+    samples.push(sample(end)?);
+    let scrapes = scraper.stop();
+    let mut out = String::new();
+    if let Some(mut o) = stress.0.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    let ops = parse_report(&out).map(|r| r.total_ops);
+    let exit = daemon.stop()?;
+
+    let first = &samples[0];
+    let last = &samples[samples.len() - 1];
+    // The first minute fills the ring buffer's pages and the allocator's pools; growth after
+    // it is what would matter over days.
+    let warm = samples.iter().find(|s| s.elapsed_s >= 60).unwrap_or(first);
+    println!(
+        "  VmRSS start {} KiB, end {} KiB ({:+} KiB); from t={} s to the end {:+} KiB; RssAnon {} -> {} KiB",
+        first.rss_kib,
+        last.rss_kib,
+        last.rss_kib as i64 - first.rss_kib as i64,
+        warm.elapsed_s,
+        last.rss_kib as i64 - warm.rss_kib as i64,
+        first.rss_anon_kib,
+        last.rss_anon_kib
+    );
+    println!(
+        "  {} scrapes ({} failed, slowest {:.1} ms); stress ops {}; serve {exit}",
+        scrapes.scrapes,
+        scrapes.failures,
+        scrapes.max_ms,
+        ops.map_or("?".into(), |n| n.to_string())
+    );
+    let report = json!({
+        "benchmark": "vmtrace serve --record soak under vmtrace stress fix-size, scraped every second",
+        "duration_s": end,
+        "workload": { "pattern": "fix-size", "pages": args.pages, "threads": args.threads },
+        "serve": { "rotate": "64M", "keep": 4 },
+        "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).ok(),
+        "unix_time": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).ok(),
+        "samples": samples,
+        "scrape": scrapes,
+        "stress_ops": ops,
+        "serve_exit": exit,
+    });
+    let path = dir.join("soak.json");
+    let text = serde_json::to_string_pretty(&report).context("cannot serialise the soak")?;
+    fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    println!("results written to {}", path.display());
+    if !args.keep {
+        let _ = fs::remove_dir_all(&traces);
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
@@ -603,6 +1257,88 @@ mod tests {
         assert_eq!(perf_samples(stderr), Some(153170));
         let none = "[ perf record: Captured and wrote 0.043 MB perf.data ]";
         assert_eq!(perf_samples(none), None);
+    }
+
+    #[test]
+    fn only_selects_in_measuring_order_with_the_baseline() {
+        let keys = |only: &[&str]| {
+            let only: Vec<String> = only.iter().map(|s| s.to_string()).collect();
+            select(&only).map(|v| v.iter().map(|c| c.key).collect::<Vec<_>>())
+        };
+        assert_eq!(keys(&[]).unwrap().len(), CONDITIONS.len());
+        assert_eq!(
+            keys(&["serve", "record"]).unwrap(),
+            ["untraced", "record", "serve"]
+        );
+        assert_eq!(keys(&["untraced"]).unwrap(), ["untraced"]);
+        let err = keys(&["serve", "servce"]).unwrap_err().to_string();
+        assert!(
+            err.contains("`servce`") && err.contains("serve-record"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_secs("90").unwrap(), 90);
+        assert_eq!(parse_secs("30s").unwrap(), 30);
+        assert_eq!(parse_secs("10m").unwrap(), 600);
+        assert_eq!(parse_secs("1h").unwrap(), 3600);
+        assert!(parse_secs("0").is_err());
+        assert!(parse_secs("10x").is_err());
+        assert!(parse_secs("m").is_err());
+    }
+
+    #[test]
+    fn metric_families_are_summed_over_labels() {
+        let text = "# HELP vmtrace_events_lost_total x\n\
+            # TYPE vmtrace_events_lost_total counter\n\
+            vmtrace_events_lost_total{cpu=\"0\"} 2\n\
+            vmtrace_events_lost_total{cpu=\"1\"} 3\n\
+            vmtrace_allocations_total 17\n\
+            vmtrace_allocations_total_other 5\n";
+        assert_eq!(metric_sum(text, "vmtrace_events_lost_total"), Some(5.0));
+        assert_eq!(metric_sum(text, "vmtrace_allocations_total"), Some(17.0));
+        assert_eq!(metric_sum(text, "vmtrace_frees_total"), None);
+    }
+
+    fn row(key: &'static str, ratio: f64) -> Outcome {
+        Outcome {
+            condition: key,
+            key,
+            command: String::new(),
+            total_ops: None,
+            ops_per_sec: None,
+            ratio_to_untraced: Some(ratio),
+            ratio_range: None,
+            tracer: None,
+            warnings: Vec::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn comparisons_need_both_sides_and_judge_only_goals() {
+        let rows = [
+            row("untraced", 1.0),
+            row("foundation", 0.8),
+            row("ladder", 0.6),
+            row("bpftrace", 0.85),
+            row("record", 0.7),
+        ];
+        let c = comparisons(&rows);
+        let names: Vec<&str> = c.iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            [
+                "foundation vs bpftrace",
+                "record vs bpftrace",
+                "ladder beyond foundation"
+            ]
+        );
+        assert_eq!(c[0].goal_met, Some(false));
+        assert!((c[2].quotient - 0.75).abs() < 1e-12);
+        assert_eq!(c[2].goal_met, None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! `cargo xtask test`, and CI (`.ci/run`) goes through the same code path as a developer.
 
 mod bench;
+mod bench_model;
 mod cmd;
 mod elf;
 mod run;
@@ -55,11 +56,21 @@ enum Task {
     Test,
     /// Measure how much tracing slows a vmalloc-heavy workload (a benchmark, not a test).
     ///
-    /// Runs `vmtrace stress fix-size --json` untraced, under `vmtrace record`, under a bpftrace
-    /// script counting the same three vmalloc tracepoints, and under `perf record -e
-    /// 'vmalloc:*' -a`, then prints ops/s and the ratio to the untraced run, and writes them to
-    /// target/bench/overhead.json. Needs root.
+    /// Runs `vmtrace stress fix-size --json` untraced, under `vmtrace record` (foundation
+    /// probes only, default probes, ladder probes), under `vmtrace serve` scraped every second
+    /// (with and without --record), under a bpftrace script counting the same three vmalloc
+    /// tracepoints, and under `perf record -e 'vmalloc:*' -a`, interleaved over --rounds; prints
+    /// median ops/s, the ratio to the untraced run and the derived comparisons, and writes them
+    /// to target/bench/overhead.json. `--only` picks conditions; `--soak 10m` watches the
+    /// daemon's memory instead. Needs root.
     Bench(bench::BenchArgs),
+    /// Benchmark the allocator model and `vmtrace replay` (issue 3's performance targets).
+    ///
+    /// Generates synthetic fix-size traces of 10 M and 1 M events once (cached in
+    /// target/bench/), then measures the model core's events/s on one thread, `vmtrace replay`
+    /// against `jq -c 'select(.type=="alloc")' FILE | wc -l`, and replay's peak RSS on both
+    /// traces; prints them beside the targets and writes target/bench/model.json.
+    BenchModel(bench_model::BenchModelArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +80,7 @@ fn main() -> ExitCode {
         Task::Run(args) => run::run(&args),
         Task::Test => test::test(),
         Task::Bench(args) => bench::bench(&args),
+        Task::BenchModel(args) => bench_model::bench_model(&args),
     };
     match result {
         Ok(code) => code,
