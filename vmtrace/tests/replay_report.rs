@@ -471,18 +471,35 @@ fn lock_wait_chart_draws_distributions_or_labelled_means() {
     let texts = check_files(&dist);
     let waits = text_of(&texts, "lock_waits");
     assert!(!waits.contains("mean predicted wait"), "{waits}");
+    let sections = |w: &vmtrace::replay::WhatIf| {
+        w.lock_waits
+            .iter()
+            .find(|c| c.class == vmtrace::trace::LockClass::FreeAreaLock)
+            .expect("free_area_lock")
+            .sections
+    };
+    let legend = [
+        format!("nodes 40/{} waited", sections(&what_if[0])),
+        format!("global 7/{} waited", sections(&what_if[1])),
+    ];
     for label in [
         "free_area_lock",
-        "% of sections",
+        "% of sections that waited",
         "1 µs",
         "4.1 µs",
         "65.5 µs",
-        "nodes",
-        "global",
-    ] {
+    ]
+    .into_iter()
+    .chain(legend.iter().map(String::as_str))
+    {
         assert!(
             waits.contains(label),
             "lock_waits lacks {label:?}:\n{waits}"
         );
     }
+    // Classes that never waited are named, not drawn as empty panels.
+    assert!(
+        waits.contains("no predicted wait in any variant: node_busy_lock, node_lazy_lock"),
+        "{waits}"
+    );
 }

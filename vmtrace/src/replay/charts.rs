@@ -331,12 +331,20 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
     position: SeriesLabelPosition,
 ) -> DrawResult<DB> {
+    legend_sized(chart, position, 14)
+}
+
+fn legend_sized<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    font_px: u32,
+) -> DrawResult<DB> {
     chart
         .configure_series_labels()
         .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .label_font(("sans-serif", 14))
+        .label_font(("sans-serif", font_px))
         .draw()
 }
 
@@ -642,9 +650,22 @@ impl Bars {
             upper(top)
         };
         let cats = &self.categories;
+        // Panels of a grid get smaller text, and a category label only every `every`
+        // categories, so that labels (about 7 px a character) do not run into each other.
+        let (w_px, _) = area.dim_in_pixel();
+        let small = w_px < 600;
+        let plot_px = f64::from(w_px.saturating_sub(if small { 80 } else { 100 }).max(50));
+        let widest = cats
+            .iter()
+            .map(|c| c.chars().count())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let per_label = 7.0 * widest as f64 + 14.0;
+        let every = ((n as f64 * per_label / plot_px).ceil() as usize).max(1);
         let label = |x: &f64| {
             let r = x.round();
-            if (x - r).abs() < 1e-6 && r >= 0.0 {
+            if (x - r).abs() < 1e-6 && r >= 0.0 && (r as usize).is_multiple_of(every) {
                 cats.get(r as usize).cloned().unwrap_or_default()
             } else {
                 String::new()
@@ -652,14 +673,14 @@ impl Bars {
         };
         let mut chart = ChartBuilder::on(area)
             .caption(&self.caption, caption_font())
-            .margin(12)
+            .margin(if small { 8 } else { 12 })
             .x_label_area_size(45)
-            .y_label_area_size(70)
+            .y_label_area_size(if small { 55 } else { 70 })
             .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..ymax)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(n.min(16) + 1)
+            .x_labels(n + 1)
             .x_label_formatter(&label)
             .x_desc(self.x_desc.as_str())
             .y_desc(self.y_desc.as_str())
@@ -706,7 +727,11 @@ impl Bars {
             }
         }
         if self.legend {
-            legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+            legend_sized(
+                &mut chart,
+                SeriesLabelPosition::UpperRight,
+                if small { 12 } else { 14 },
+            )?;
         }
         Ok(())
     }
@@ -801,16 +826,11 @@ impl Chart for LockWaits<'_> {
         if classes.is_empty() {
             return no_data(&area, "no critical sections (no free-running replay)");
         }
-        let with_hist: Vec<LockClass> = classes
+        let any_hist = what_if
             .iter()
-            .copied()
-            .filter(|&k| {
-                what_if
-                    .iter()
-                    .any(|w| class_wait(w, k).is_some_and(|c| !c.wait_histogram.is_empty()))
-            })
-            .collect();
-        if with_hist.is_empty() {
+            .flat_map(|w| w.lock_waits.iter())
+            .any(|c| !c.wait_histogram.is_empty());
+        if !any_hist {
             // The timing model gave no per-section waits: show what it did give, and say so.
             let series = what_if
                 .iter()
@@ -843,10 +863,38 @@ impl Chart for LockWaits<'_> {
             }
             .draw(&area);
         }
-        let cols = with_hist.len().min(3);
-        let rows = with_hist.len().div_ceil(cols);
-        let panels = area.split_evenly((rows, cols));
-        for (k, panel) in with_hist.iter().zip(panels.iter()) {
+        // One panel per class that waited anywhere. The histogram counts the sections that
+        // waited; most sections of a lightly loaded lock wait nothing, and a "no wait" bar would
+        // flatten the rest, so the bars are shares of the sections that waited and the legend
+        // says how many did. Classes that never waited are named in a line below the panels.
+        let (waiting, idle): (Vec<LockClass>, Vec<LockClass>) = classes.iter().partition(|&&k| {
+            what_if
+                .iter()
+                .any(|w| class_wait(w, k).is_some_and(|c| !c.wait_histogram.is_empty()))
+        });
+        let (panels_area, foot) = if idle.is_empty() {
+            (area.clone(), None)
+        } else {
+            let (_, h) = area.dim_in_pixel();
+            let (a, f) = area.split_vertically(h.saturating_sub(28));
+            (a, Some(f))
+        };
+        if let Some(foot) = foot {
+            let names: Vec<&str> = idle.iter().map(|k| k.name()).collect();
+            foot.draw(&Text::new(
+                format!("no predicted wait in any variant: {}", names.join(", ")),
+                (20, 4),
+                ("sans-serif", 15).into_font(),
+            ))?;
+        }
+        let (rows, cols) = match waiting.len() {
+            0 | 1 => (1, 1),
+            2 => (1, 2),
+            3 | 4 => (2, 2),
+            n => (n.div_ceil(3), 3),
+        };
+        let panels = panels_area.split_evenly((rows, cols));
+        for (k, panel) in waiting.iter().zip(panels.iter()) {
             let mut bounds: Vec<u64> = what_if
                 .iter()
                 .filter_map(|w| class_wait(w, *k))
@@ -856,26 +904,28 @@ impl Chart for LockWaits<'_> {
             bounds.dedup();
             let series = what_if
                 .iter()
-                .map(|w| {
-                    let hist = class_wait(w, *k).map_or(&[][..], |c| &c.wait_histogram[..]);
-                    let total: u64 = hist.iter().map(|b| b.count).sum();
+                .filter_map(|w| class_wait(w, *k).map(|c| (w, c)))
+                .filter(|(_, c)| c.sections > 0)
+                .map(|(w, c)| {
+                    let waited: u64 = c.wait_histogram.iter().map(|b| b.count).sum();
                     let shares = bounds
                         .iter()
                         .map(|&le| {
-                            let n = hist
+                            let n: u64 = c
+                                .wait_histogram
                                 .iter()
                                 .filter(|b| b.le_ns == le)
                                 .map(|b| b.count)
-                                .sum::<u64>();
-                            if total == 0 {
-                                0.0
+                                .sum();
+                            if waited == 0 {
+                                f64::NAN
                             } else {
-                                100.0 * n as f64 / total as f64
+                                100.0 * n as f64 / waited as f64
                             }
                         })
                         .collect();
                     (
-                        w.variant.name().to_string(),
+                        format!("{} {waited}/{} waited", w.variant.name(), c.sections),
                         variant_colour(w.variant),
                         shares,
                     )
@@ -884,7 +934,7 @@ impl Chart for LockWaits<'_> {
             Bars {
                 caption: k.name().to_string(),
                 x_desc: "wait ≤ (exp2 buckets)".into(),
-                y_desc: "% of sections".into(),
+                y_desc: "% of sections that waited".into(),
                 categories: bounds.iter().map(|&b| short_ns(b)).collect(),
                 series,
                 value_labels: None,
