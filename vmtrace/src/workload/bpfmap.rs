@@ -182,7 +182,7 @@ impl ArrayMap {
             .ok_or_else(|| invalid(format!("{pages} entries is outside 1..=u32::MAX")))?;
         let value_size = u32::try_from(page_size)
             .map_err(|_| invalid(format!("page size {page_size} does not fit the value size")))?;
-        let mut attr = MapCreateAttr {
+        let attr = MapCreateAttr {
             map_type: BPF_MAP_TYPE_ARRAY,
             key_size: 4,
             value_size,
@@ -190,40 +190,118 @@ impl ArrayMap {
             map_flags: BPF_F_MMAPABLE,
             ..MapCreateAttr::default()
         };
-        attr.map_name[..MAP_NAME.len()].copy_from_slice(MAP_NAME);
-        // SAFETY: attr is a valid, initialised BPF_MAP_CREATE attr of the size passed; the kernel
-        // only reads it.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_CREATE,
-                &attr as *const MapCreateAttr,
-                std::mem::size_of::<MapCreateAttr>(),
-            )
-        };
-        if ret < 0 {
-            let err = io::Error::last_os_error();
-            return Err(if err.raw_os_error() == Some(libc::EPERM) {
-                WorkloadError::NotPermitted {
-                    unprivileged_bpf_disabled: std::fs::read_to_string(
-                        "/proc/sys/kernel/unprivileged_bpf_disabled",
-                    )
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_else(|_| "unknown".into()),
-                }
-            } else {
-                WorkloadError::MapCreate { pages, source: err }
-            });
-        }
-        let raw = RawFd::try_from(ret).map_err(|_| invalid(format!("bpf() returned {ret}")))?;
-        // SAFETY: a non-negative return of BPF_MAP_CREATE is a new fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = map_create(attr, pages)?;
         Ok(Self { fd, pages })
     }
 
     /// Data pages (entries) asked for.
     pub fn pages(&self) -> u64 {
         self.pages
+    }
+}
+
+/// `bpf(BPF_MAP_CREATE)` with our map name; the fd of the new map.
+fn map_create(mut attr: MapCreateAttr, pages: u64) -> Result<OwnedFd, WorkloadError> {
+    attr.map_name[..MAP_NAME.len()].copy_from_slice(MAP_NAME);
+    // SAFETY: attr is a valid, initialised BPF_MAP_CREATE attr of the size passed; the kernel
+    // only reads it.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            &attr as *const MapCreateAttr,
+            std::mem::size_of::<MapCreateAttr>(),
+        )
+    };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        return Err(if err.raw_os_error() == Some(libc::EPERM) {
+            WorkloadError::NotPermitted {
+                unprivileged_bpf_disabled: std::fs::read_to_string(
+                    "/proc/sys/kernel/unprivileged_bpf_disabled",
+                )
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into()),
+            }
+        } else {
+            WorkloadError::MapCreate { pages, source: err }
+        });
+    }
+    let raw = RawFd::try_from(ret).map_err(|_| WorkloadError::MapCreate {
+        pages,
+        source: io::Error::new(io::ErrorKind::InvalidData, format!("bpf() returned {ret}")),
+    })?;
+    // SAFETY: a non-negative return of BPF_MAP_CREATE is a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A BPF arena map held only for the vmalloc address space it reserves.
+///
+/// `arena_map_alloc` takes a 4 GiB (+ guard) sparse vmap area with `get_vm_area` at creation
+/// but maps no page and allocates no page table until a program or an mmap faults pages in
+/// (checked on 6.18: `PageTables` unchanged after three arenas). That makes it the one user-space
+/// handle that moves where later vmalloc allocations land, by lowest fit, without touching page
+/// tables itself: the page-table test parks arenas above the live areas so that its measured
+/// maps land in address space no earlier run can have mapped.
+#[derive(Debug)]
+pub struct VaReservation {
+    fd: OwnedFd,
+}
+
+impl VaReservation {
+    /// Reserves one arena's worth of vmalloc address space: 4 GiB plus the guard of the
+    /// sparse area (`KERN_VM_SZ`; 4295036928 bytes in `/proc/vmallocinfo` on 6.18, vmap guard
+    /// page included). Fails with `MapCreate` where the kernel has no arena maps (before 6.9,
+    /// or a JIT without arena support).
+    pub fn create(page_size: u64) -> Result<Self, WorkloadError> {
+        const BPF_MAP_TYPE_ARENA: u32 = 33;
+        // The arena's user-visible size; the kernel reserves its full 4 GiB window whatever
+        // this is, so the largest allowed value says nothing new.
+        let pages = (1u64 << 32) / page_size.max(1);
+        let attr = MapCreateAttr {
+            map_type: BPF_MAP_TYPE_ARENA,
+            max_entries: u32::try_from(pages).unwrap_or(u32::MAX),
+            map_flags: BPF_F_MMAPABLE,
+            ..MapCreateAttr::default()
+        };
+        Ok(Self {
+            fd: map_create(attr, pages)?,
+        })
+    }
+
+    /// Pins the arena at `path` on a mounted bpffs (`bpf(BPF_OBJ_PIN)`), so its reservation
+    /// outlives this process until the pin is removed or the machine reboots. Kernel page
+    /// tables live as long, which is why a reservation that must keep later allocations out of
+    /// once-mapped space has to as well.
+    pub fn pin(&self, path: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt as _;
+        const BPF_OBJ_PIN: libc::c_long = 6;
+        #[repr(C)]
+        struct PinAttr {
+            pathname: u64,
+            bpf_fd: u32,
+            file_flags: u32,
+        }
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let attr = PinAttr {
+            pathname: c_path.as_ptr() as u64,
+            bpf_fd: self.fd.as_raw_fd() as u32,
+            file_flags: 0,
+        };
+        // SAFETY: attr is a valid BPF_OBJ_PIN attr whose path outlives the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_OBJ_PIN,
+                &attr as *const PinAttr,
+                std::mem::size_of::<PinAttr>(),
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 
-pub use bpfmap::{map_areas, ArrayMap, MapAreas, MapSizing};
+pub use bpfmap::{map_areas, ArrayMap, MapAreas, MapSizing, VaReservation};
 pub use error::WorkloadError;
 pub use patterns::{
     area_bytes, fix_size_area_bytes, full_fit_default_pairs, thread_stack_area_bytes, Count, Held,
