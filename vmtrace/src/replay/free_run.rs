@@ -3,30 +3,41 @@
 //! The trace's purge events are ignored. This is the what-if mode: the same workload under
 //! another design (variant), node count or threshold.
 //!
-//! Every critical section the model enters is fed, at the event's timestamp, to the contention
-//! model ([`super::timing::Contention`]), which predicts lock waits from the arrival rate per
-//! lock instance. `docs/model.md` ("Free-running replay", "Contention model") describes both.
+//! Every operation the model runs becomes a sequence of critical sections on lock instances,
+//! with costs from [`Costs`], in the order the kernel takes them (spec §2.4); the discrete-event
+//! simulation ([`super::des`]) plays the CPUs' streams against each other and predicts the lock
+//! waits, the throughput and their time series. `docs/model.md` ("Free-running replay",
+//! "Timing and contention model") describes both.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::timing::{ClassWait, Contention, Costs};
+use super::des::{Des, LockRef, Op, OpKind, Step, WaitSample};
+use super::timing::{ClassWait, Costs, Observed, ObservedAcc};
 use super::{ReplayError, ReplayOptions, Replayer};
 use crate::model::{AllocRequest, LockCounts, Model, SlotCounts, Variant};
 use crate::trace::{LockClass, Record};
 
-/// Worker latencies of the purge (the drain work's queueing delay).
+/// Worker latencies of the purge (the drain work's queueing delay), costs and simulation limits.
 #[derive(Clone, Copy, Debug)]
 pub struct FreeRunOptions {
     /// From the free that crosses the threshold to the purge, on the default system workqueue.
     pub purge_latency_ns: u64,
     /// The same on `system_highpri_wq`, as the `nodes-capped` proposal queues it.
     pub highpri_latency_ns: u64,
-    /// Contention-model window.
+    /// Utilisation window of the simulation (peak utilisation of one lock instance).
     pub window_ns: u64,
     pub costs: Costs,
+    /// Operations read but not yet simulated, at most (memory bound; see [`Des`]).
+    pub max_pending_ops: u64,
+}
+
+impl FreeRunOptions {
+    /// Default utilisation window: 1 ms, long against a section (tens of ns to µs), short
+    /// against the phases of a workload (a purge, a burst of frees).
+    pub const DEFAULT_WINDOW_NS: u64 = 1_000_000;
 }
 
 impl Default for FreeRunOptions {
@@ -34,8 +45,9 @@ impl Default for FreeRunOptions {
         Self {
             purge_latency_ns: 1_000_000,
             highpri_latency_ns: 50_000,
-            window_ns: Contention::DEFAULT_WINDOW_NS,
+            window_ns: Self::DEFAULT_WINDOW_NS,
             costs: Costs::default(),
+            max_pending_ops: Des::DEFAULT_MAX_PENDING,
         }
     }
 }
@@ -64,7 +76,7 @@ pub struct WhatIf {
     /// snapshot, or in another window).
     pub frees_unknown: u64,
     pub cpus: u32,
-    /// First to last event.
+    /// First to last event, trace time.
     pub duration_ns: u64,
     /// VA footprint: bytes from VMALLOC_START to the highest end ever allocated.
     pub high_water_bytes: u64,
@@ -76,21 +88,39 @@ pub struct WhatIf {
     pub drains_triggered: u64,
     /// Critical sections per lock instance.
     pub locks: LockCounts,
-    /// Per lock class: sections, time held, predicted wait.
+    /// Per lock class: sections, time held, predicted wait and its distribution.
     pub lock_waits: Vec<ClassWait>,
-    /// Uncontended time of every operation (the timing model's costs).
+    /// Uncontended time of every simulated operation (the costs), purges included.
     pub work_ns: u64,
+    /// Predicted lock waits, every class and actor.
     pub wait_ns: u64,
     /// wait / (wait + work).
     pub lock_wait_share: f64,
-    /// Allocations and frees per second once waits stretch the CPUs' streams.
+    /// Allocations and frees per second of simulated time (first start to last end).
     pub throughput_ops_per_s: f64,
-    /// At most 500 points, evenly spaced in events.
+    /// Simulated first start to last end: the trace's span stretched by the waits.
+    pub makespan_ns: u64,
+    /// Footprint and backlog; at most 500 points, evenly spaced in events.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub series: Vec<Sample>,
+    /// Wait share and throughput per window of simulated time, at most 500 windows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub wait_series: Vec<WaitSample>,
     pub purge_times_ns: Vec<u64>,
     /// Allocations per node of the CPU that made them (pool choice), for the per-node share.
     pub allocs_per_node: Vec<u64>,
+    /// Predicted mean `alloc_vmap_area` latency (its part outside locks, its sections and
+    /// their waits), beside `observed.latency_*`.
+    pub alloc_vmap_area_mean_ns: f64,
+    /// What the trace observed (contention and latency events), the same for every variant.
+    pub observed: Observed,
+    /// The costs the simulation used.
+    pub costs: Costs,
+    /// Most operations held between reading and simulating them (memory).
+    pub peak_pending_ops: u64,
+    /// Operations the simulation had to start later than their stream asked (pending cap,
+    /// timestamps going backwards); 0 in a faithful run.
+    pub late_starts: u64,
 }
 
 /// Replays `input` free-running with `opts.variant`.
@@ -116,13 +146,21 @@ pub fn free_run<R: BufRead>(
     } else {
         fr.purge_latency_ns
     };
-    let cpus = header.system.online_cpus.max(1);
+    let expected_cpus = header
+        .system
+        .possible_cpus
+        .max(header.system.online_cpus)
+        .max(1);
     let prev = seeder.model.locks().clone();
+    let mut des =
+        Des::new(fr.window_ns, latency, expected_cpus).with_max_pending(fr.max_pending_ops);
+    let locks = LockIds::new(&mut des, &prev);
     let mut run = Run {
         prev,
         model: seeder.model,
         costs: fr.costs,
-        contention: Contention::new(fr.window_ns, cpus),
+        des,
+        locks,
         latency,
         map: HashMap::new(),
         purge_at: None,
@@ -130,7 +168,6 @@ pub fn free_run<R: BufRead>(
         last_ts: 0,
         cpus_seen: BTreeSet::new(),
         high: 0,
-        work_ns: 0,
         allocs: 0,
         frees: 0,
         failures: 0,
@@ -140,6 +177,7 @@ pub fn free_run<R: BufRead>(
         samples: Vec::new(),
         purge_times: Vec::new(),
         per_node: vec![0; layout.nr_nodes() as usize],
+        observed: ObservedAcc::default(),
         strict: opts.strict,
         line: 2,
     };
@@ -149,18 +187,18 @@ pub fn free_run<R: BufRead>(
         match rec {
             Record::Alloc(a) => {
                 run.due(a.ctx.ts_ns);
-                if a.failed != 0 {
-                    continue;
+                if a.failed == 0 && a.vstart.0 >= vstart && a.vend.0 <= vend {
+                    run.alloc(&a)?;
                 }
-                if a.vstart.0 < vstart || a.vend.0 > vend {
-                    continue;
-                }
-                run.alloc(&a)?;
+                run.des.advance(a.ctx.ts_ns);
             }
             Record::Free(f) => {
                 run.due(f.ctx.ts_ns);
                 run.free(&f)?;
+                run.des.advance(f.ctx.ts_ns);
             }
+            Record::Contention(c) => run.observed.contention(c.class, c.wait_ns),
+            Record::Latency(l) => run.observed.latency(l.latency_ns),
             _ => {}
         }
     }
@@ -170,22 +208,48 @@ pub fn free_run<R: BufRead>(
     Ok(run.finish(opts, lazy_max))
 }
 
+/// The simulation's lock instances, interned once: per-node classes by node index.
+struct LockIds {
+    free_area: LockRef,
+    purge: LockRef,
+    page_table: LockRef,
+    busy: Vec<LockRef>,
+    lazy: Vec<LockRef>,
+    pool: Vec<LockRef>,
+}
+
+impl LockIds {
+    fn new(des: &mut Des, shape: &LockCounts) -> Self {
+        let per_node = |des: &mut Des, class, n: usize| -> Vec<LockRef> {
+            (0..n as u32).map(|i| des.lock(class, i)).collect()
+        };
+        Self {
+            free_area: des.lock(LockClass::FreeAreaLock, 0),
+            purge: des.lock(LockClass::PurgeMutex, 0),
+            page_table: des.lock(LockClass::PageTableLock, 0),
+            busy: per_node(des, LockClass::NodeBusyLock, shape.busy.len()),
+            lazy: per_node(des, LockClass::NodeLazyLock, shape.lazy.len()),
+            pool: per_node(des, LockClass::NodePoolLock, shape.pool.len()),
+        }
+    }
+}
+
 struct Run {
     model: Model,
     costs: Costs,
-    contention: Contention,
+    des: Des,
+    locks: LockIds,
     /// Lock counts after the last operation, to find the sections the next one entered.
     prev: LockCounts,
     latency: u64,
     /// Observed address → the model's address for the same area.
     map: HashMap<u64, u64>,
-    /// When the queued drain work runs.
+    /// When the queued drain work runs (trace time: the model's decisions follow the trace).
     purge_at: Option<u64>,
     first_ts: Option<u64>,
     last_ts: u64,
     cpus_seen: BTreeSet<u32>,
     high: u64,
-    work_ns: u64,
     allocs: u64,
     frees: u64,
     failures: u64,
@@ -195,17 +259,26 @@ struct Run {
     samples: Vec<Sample>,
     purge_times: Vec<u64>,
     per_node: Vec<u64>,
+    observed: ObservedAcc,
     strict: bool,
     line: usize,
+}
+
+/// Sections of one class entered since the last look: `(instance, count)`.
+fn diff(before: &[u64], after: &[u64], out: &mut Vec<(usize, u64)>) {
+    out.clear();
+    for (i, (&x, &y)) in before.iter().zip(after).enumerate() {
+        if y > x {
+            out.push((i, y - x));
+        }
+    }
 }
 
 impl Run {
     fn tick(&mut self, ts: u64, cpu: u32) {
         self.first_ts.get_or_insert(ts);
         self.last_ts = self.last_ts.max(ts);
-        if self.cpus_seen.insert(cpu) {
-            self.contention.set_cpus(self.cpus_seen.len() as u32);
-        }
+        self.cpus_seen.insert(cpu);
     }
 
     /// Runs the queued drain if its time has come.
@@ -217,40 +290,47 @@ impl Run {
         }
     }
 
-    /// Feeds the sections entered since the last call to the contention model, each at `ts` and
-    /// with its class's cost; `free_area_extra` is added to the free-tree lock's sections (a
-    /// purge merging areas back holds it longer).
-    fn sections(&mut self, ts: u64, free_area_extra: u64, purge_ns: u64) {
-        let before = &self.prev;
-        let after = self.model.locks();
+    /// Appends, as sections with their costs, what the model entered of `class` since the last
+    /// call for that class, and marks it seen. Returns the time they hold locks.
+    fn emit(&mut self, steps: &mut Vec<Step>, class: LockClass) -> u64 {
         let c = self.costs;
-        let free_new = after.free_vmap_area_lock - before.free_vmap_area_lock;
-        for _ in 0..free_new {
-            let extra = free_area_extra / free_new.max(1);
-            self.contention
-                .section(LockClass::FreeAreaLock, 0, ts, c.free_area_lock_ns + extra);
-        }
-        for _ in 0..after.vmap_purge_lock - before.vmap_purge_lock {
-            self.contention
-                .section(LockClass::PurgeMutex, 0, ts, purge_ns);
-        }
-        for _ in 0..after.page_table_lock - before.page_table_lock {
-            self.contention
-                .section(LockClass::PageTableLock, 0, ts, c.page_table_lock_ns);
-        }
-        for (class, b, a) in [
-            (LockClass::NodeBusyLock, &before.busy, &after.busy),
-            (LockClass::NodeLazyLock, &before.lazy, &after.lazy),
-            (LockClass::NodePoolLock, &before.pool, &after.pool),
-        ] {
-            for (i, (&x, &y)) in b.iter().zip(a.iter()).enumerate() {
-                for _ in x..y {
-                    self.contention
-                        .section(class, i as u32, ts, c.section_ns(class));
-                }
+        let after = self.model.locks();
+        let mut held = 0;
+        let mut push = |steps: &mut Vec<Step>, lock: LockRef, n: u64, ns: u64| {
+            for _ in 0..n {
+                steps.push(Step::Section { lock, ns });
             }
+            held += n * ns;
+        };
+        match class {
+            LockClass::FreeAreaLock => {
+                let n = after.free_vmap_area_lock - self.prev.free_vmap_area_lock;
+                push(steps, self.locks.free_area, n, c.free_area_lock_ns);
+                self.prev.free_vmap_area_lock = after.free_vmap_area_lock;
+            }
+            LockClass::PageTableLock => {
+                let n = after.page_table_lock - self.prev.page_table_lock;
+                push(steps, self.locks.page_table, n, c.page_table_lock_ns);
+                self.prev.page_table_lock = after.page_table_lock;
+            }
+            LockClass::NodeBusyLock | LockClass::NodeLazyLock | LockClass::NodePoolLock => {
+                let (b, a, ids) = match class {
+                    LockClass::NodeBusyLock => (&mut self.prev.busy, &after.busy, &self.locks.busy),
+                    LockClass::NodeLazyLock => (&mut self.prev.lazy, &after.lazy, &self.locks.lazy),
+                    _ => (&mut self.prev.pool, &after.pool, &self.locks.pool),
+                };
+                let mut d = Vec::new();
+                diff(b, a, &mut d);
+                for &(i, n) in &d {
+                    if let Some(&lock) = ids.get(i) {
+                        push(steps, lock, n, c.section_ns(class));
+                    }
+                }
+                b.clone_from(a);
+            }
+            LockClass::PurgeMutex | LockClass::Other => {}
         }
-        self.prev.clone_from(self.model.locks());
+        held
     }
 
     fn alloc(&mut self, a: &crate::trace::Alloc) -> Result<(), ReplayError> {
@@ -270,19 +350,46 @@ impl Run {
             Ok(g) => g,
             Err(e) => return self.warn(format!("alloc: {e}")),
         };
-        self.sections(a.ctx.ts_ns, 0, 0);
+        // alloc_vmap_area: the pool of the CPU's node, the vmap_area object and preload outside
+        // any lock, then the free tree and the busy tree of the area's node (§2.4).
+        let mut steps = self.des.steps();
+        let mut held = self.emit(&mut steps, LockClass::NodePoolLock);
+        steps.push(Step::Work(self.costs.alloc_vmap_area_ns));
+        held += self.emit(&mut steps, LockClass::FreeAreaLock);
+        held += self.emit(&mut steps, LockClass::NodeBusyLock);
         if got.is_err() {
-            // The failure path: a full purge at once, then one retry without the pools.
-            self.purge_now(a.ctx.ts_ns, true);
+            // The failure path: a full purge at once under the mutex, then one retry without
+            // the pools.
+            self.purge_now(a.ctx.ts_ns, true, &mut steps);
             req.retry = true;
             got = match self.model.alloc(&req) {
                 Ok(g) => g,
                 Err(e) => return self.warn(format!("alloc: {e}")),
             };
-            self.sections(a.ctx.ts_ns, 0, 0);
+            held += self.emit(&mut steps, LockClass::FreeAreaLock);
+            held += self.emit(&mut steps, LockClass::NodeBusyLock);
         }
+        steps.push(Step::Mark);
+        // Then the pages and their mapping, where new page-table pages take their lock.
         let pages = a.size / p.page_size - u64::from(guard);
-        self.work_ns += self.costs.alloc_ns(pages);
+        let mut tail = Vec::new();
+        held += self.emit(&mut tail, LockClass::PageTableLock);
+        let rest = self
+            .costs
+            .alloc_ns(pages)
+            .saturating_sub(held + self.costs.alloc_vmap_area_ns);
+        steps.push(Step::Work(rest));
+        steps.extend(tail);
+        self.sync_prev();
+        self.des.push_op(
+            a.ctx.cpu,
+            a.ctx.ts_ns,
+            Op {
+                kind: OpKind::Alloc,
+                steps,
+                triggers_drain: false,
+            },
+        );
         match got {
             Ok(g) => {
                 self.allocs += 1;
@@ -316,16 +423,43 @@ impl Run {
             Ok(g) => g,
             Err(e) => return self.warn(e.to_string()),
         };
-        self.sections(f.ctx.ts_ns, 0, 0);
         self.frees += 1;
-        self.work_ns += self.costs.free_ns(size / self.model.params().page_size - 1);
-        if got.drain && self.purge_at.is_none() {
+        // vfree: find and unlink under the busy lock, unmap outside any lock, insert under the
+        // lazy lock, then free the pages (§2.4, §4.1).
+        let mut steps = self.des.steps();
+        let mut held = self.emit(&mut steps, LockClass::NodeBusyLock);
+        let mut lazy = Vec::new();
+        held += self.emit(&mut lazy, LockClass::NodeLazyLock);
+        let pages = size / self.model.params().page_size - 1;
+        let rest = self.costs.free_ns(pages).saturating_sub(held);
+        steps.push(Step::Work(rest / 2));
+        steps.extend(lazy);
+        steps.push(Step::Work(rest - rest / 2));
+        self.sync_prev();
+        let trigger = got.drain && self.purge_at.is_none();
+        if trigger {
             self.purge_at = Some(f.ctx.ts_ns + self.latency);
         }
+        self.des.push_op(
+            f.ctx.cpu,
+            f.ctx.ts_ns,
+            Op {
+                kind: OpKind::Free,
+                steps,
+                triggers_drain: trigger,
+            },
+        );
         Ok(())
     }
 
-    fn warn(&self, message: String) -> Result<(), ReplayError> {
+    /// Anything the model entered that no operation claimed (none expected) is dropped, so
+    /// that it cannot be charged to the next operation.
+    fn sync_prev(&mut self) {
+        self.prev.clone_from(self.model.locks());
+    }
+
+    fn warn(&mut self, message: String) -> Result<(), ReplayError> {
+        self.sync_prev();
         if self.strict {
             return Err(ReplayError::Strict {
                 line: self.line,
@@ -336,25 +470,122 @@ impl Run {
     }
 
     /// The drain work: one purge in the node design; the pre-node design's drain loop repeats
-    /// it while the backlog stays above the threshold (§9.3).
+    /// it while the backlog stays above the threshold (§9.3). It runs on the purge worker.
     fn purge(&mut self, at: u64) {
         self.purge_at = None;
-        self.purge_now(at, false);
+        let mut steps = self.des.steps();
+        self.purge_now(at, false, &mut steps);
         if self.model.params().variant == Variant::Global {
             while self.model.lazy_pages() > self.model.params().lazy_max_pages {
-                if self.purge_now(at, false) == 0 {
+                if self.purge_now(at, false, &mut steps) == 0 {
                     break;
                 }
             }
         }
+        self.des.push_job(Op {
+            kind: OpKind::Purge,
+            steps,
+            triggers_drain: false,
+        });
     }
 
-    fn purge_now(&mut self, at: u64, full: bool) -> u32 {
+    /// One `__purge_vmap_area_lazy` under `vmap_purge_lock`, appended to `steps` in the order of
+    /// §2.4: per node the pool decay (pool lock to detach and re-attach each non-empty pool,
+    /// the free-tree lock once for the decayed areas) and the lazy detach; one TLB flush; then
+    /// per node with work its objects, a pool-lock section per area pooled and one free-tree
+    /// section for the areas returned. In `global` the free-tree lock is held across the whole
+    /// return loop (§9.3).
+    fn purge_now(&mut self, at: u64, full: bool, steps: &mut Vec<Step>) -> u32 {
+        let c = self.costs;
+        let variant = self.model.params().variant;
+        // Pool lengths before the decay: which pools are non-empty and what the decay takes.
+        let pool_nodes = self.locks.pool.len();
+        let mut pool_len: BTreeMap<(u32, u64), usize> = BTreeMap::new();
+        for (node, _, size) in self.model.pools().iter() {
+            *pool_len.entry((node, size)).or_default() += 1;
+        }
+        let mut nonempty = vec![0u64; pool_nodes];
+        let mut decayed = vec![0u64; pool_nodes];
+        for (&(node, _), &len) in &pool_len {
+            if let Some(n) = nonempty.get_mut(node as usize) {
+                *n += 1;
+                decayed[node as usize] += crate::model::pools::decay_count(len, full) as u64;
+            }
+        }
+        self.sync_prev();
         let got = self.model.purge(full);
-        let merged = u64::from(got.to_free_tree);
-        let purge_ns = self.costs.purge_base_ns
-            + self.costs.purge_per_object_ns * u64::from(got.npurged + got.decayed);
-        self.sections(at, merged * self.costs.merge_per_area_ns, purge_ns);
+        let after = self.model.locks();
+        let lazy_nodes = self.locks.lazy.len();
+        let mut purged = vec![0u64; lazy_nodes];
+        for b in &got.batch {
+            if let Some(n) = purged.get_mut(b.node as usize) {
+                *n += 1;
+            }
+        }
+        let pooled: Vec<u64> = (0..pool_nodes)
+            .map(|n| {
+                let d = after.pool[n].saturating_sub(self.prev.pool[n]);
+                d.saturating_sub(2 * nonempty[n])
+            })
+            .collect();
+        steps.push(Step::Acquire(self.locks.purge));
+        for n in 0..lazy_nodes.max(pool_nodes) {
+            if let Some(&lock) = self.locks.pool.get(n) {
+                for _ in 0..2 * nonempty[n] {
+                    steps.push(Step::Section {
+                        lock,
+                        ns: c.pool_lock_ns,
+                    });
+                }
+                if decayed[n] > 0 {
+                    steps.push(Step::Section {
+                        lock: self.locks.free_area,
+                        ns: c.free_area_lock_ns + c.merge_per_area_ns * decayed[n],
+                    });
+                }
+            }
+            if let Some(&lock) = self.locks.lazy.get(n) {
+                steps.push(Step::Section {
+                    lock,
+                    ns: c.lazy_lock_ns,
+                });
+            }
+        }
+        if got.npurged > 0 {
+            steps.push(Step::Work(c.purge_base_ns));
+        }
+        for (n, &objects) in purged.iter().enumerate() {
+            if objects == 0 {
+                continue;
+            }
+            if variant == Variant::Global {
+                steps.push(Step::Section {
+                    lock: self.locks.free_area,
+                    ns: c.free_area_lock_ns
+                        + (c.merge_per_area_ns + c.purge_per_object_ns) * objects,
+                });
+                continue;
+            }
+            steps.push(Step::Work(c.purge_per_object_ns * objects));
+            let pooled_here = pooled.get(n).copied().unwrap_or(0).min(objects);
+            if let Some(&lock) = self.locks.pool.get(n) {
+                for _ in 0..pooled_here {
+                    steps.push(Step::Section {
+                        lock,
+                        ns: c.pool_lock_ns,
+                    });
+                }
+            }
+            let returned = objects - pooled_here;
+            if returned > 0 {
+                steps.push(Step::Section {
+                    lock: self.locks.free_area,
+                    ns: c.free_area_lock_ns + c.merge_per_area_ns * returned,
+                });
+            }
+        }
+        steps.push(Step::Release(self.locks.purge));
+        self.sync_prev();
         self.purges += 1;
         self.purged_objects += u64::from(got.npurged);
         self.purge_times.push(at);
@@ -371,22 +602,14 @@ impl Run {
     }
 
     fn finish(self, opts: &ReplayOptions, lazy_max: u64) -> WhatIf {
+        let sim = self.des.finish();
         let p = self.model.params();
         let slots = self.model.slots().counts();
         let duration = self.last_ts - self.first_ts.unwrap_or(self.last_ts);
         let cpus = self.cpus_seen.len().max(1) as u32;
-        let lock_waits = self.contention.finish();
-        let wait_ns: u64 = lock_waits.iter().map(|c| c.wait_ns).sum();
-        let share = if wait_ns + self.work_ns == 0 {
-            0.0
-        } else {
-            wait_ns as f64 / (wait_ns + self.work_ns) as f64
-        };
         let ops = self.allocs + self.frees;
-        // Waits stretch the CPUs' streams: spread evenly, they add wait / cpus to the span.
-        let stretched = duration as f64 + wait_ns as f64 / f64::from(cpus);
-        let throughput = if stretched > 0.0 {
-            ops as f64 * 1e9 / stretched
+        let throughput = if sim.makespan_ns > 0 {
+            ops as f64 * 1e9 / sim.makespan_ns as f64
         } else {
             0.0
         };
@@ -409,14 +632,25 @@ impl Run {
             purged_objects: self.purged_objects,
             drains_triggered: self.model.stats().drains_triggered,
             locks: self.model.locks().clone(),
-            lock_waits,
-            work_ns: self.work_ns,
-            wait_ns,
-            lock_wait_share: share,
+            lock_waits: sim.classes,
+            work_ns: sim.work_ns,
+            wait_ns: sim.wait_ns,
+            lock_wait_share: super::des::share(sim.wait_ns, sim.work_ns),
             throughput_ops_per_s: throughput,
+            makespan_ns: sim.makespan_ns,
             series: self.samples.into_iter().step_by(step).collect(),
+            wait_series: sim.series,
             purge_times_ns: self.purge_times,
             allocs_per_node: self.per_node,
+            alloc_vmap_area_mean_ns: if sim.alloc_vmap_area_count == 0 {
+                0.0
+            } else {
+                sim.alloc_vmap_area_ns as f64 / sim.alloc_vmap_area_count as f64
+            },
+            observed: self.observed.finish(),
+            costs: self.costs,
+            peak_pending_ops: sim.peak_pending_ops,
+            late_starts: sim.late_starts,
         }
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod charts;
 pub mod cli;
+pub mod des;
 pub mod free_run;
 mod report;
 pub mod timing;

@@ -151,21 +151,23 @@ pub fn render_text(r: &Report) -> String {
     o
 }
 
-/// The free-running comparison of variants: one row per variant, then the waits per lock class.
+/// The free-running comparison of variants: one row per variant, the waits per lock class, and
+/// what the trace itself observed beside the predictions.
 pub fn render_comparison(w: &[WhatIf]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "what-if (free-running: the model places every area and purges on its own threshold; predicted lock waits from the contention model, docs/model.md)"
+        "what-if (free-running: the model places every area and purges on its own threshold; lock waits from a discrete-event simulation of the CPUs' operation streams, docs/model.md)"
     );
     let _ = writeln!(
         o,
-        "  {:<13} {:>5} {:>9} {:>10} {:>12} {:>12} {:>14} {:>8} {:>9}",
+        "  {:<13} {:>5} {:>9} {:>10} {:>11} {:>10} {:>10} {:>14} {:>7} {:>8}",
         "variant",
         "nodes",
         "lazy_max",
         "lock wait",
         "throughput",
+        "makespan",
         "footprint",
         "PT slots",
         "purges",
@@ -173,18 +175,19 @@ pub fn render_comparison(w: &[WhatIf]) -> String {
     );
     let _ = writeln!(
         o,
-        "  {:<13} {:>5} {:>9} {:>10} {:>12} {:>12} {:>14} {:>8} {:>9}",
-        "", "", "pages", "share", "Mops/s", "MiB", "PTE/PMD/PUD", "", ""
+        "  {:<13} {:>5} {:>9} {:>10} {:>11} {:>10} {:>10} {:>14} {:>7} {:>8}",
+        "", "", "pages", "share", "Mops/s", "ms", "MiB", "PTE/PMD/PUD", "", ""
     );
     for v in w {
         let _ = writeln!(
             o,
-            "  {:<13} {:>5} {:>9} {:>9.1}% {:>12.3} {:>12.1} {:>14} {:>8} {:>9}",
+            "  {:<13} {:>5} {:>9} {:>9.1}% {:>11.3} {:>10.3} {:>10.1} {:>14} {:>7} {:>8}",
             v.variant.name(),
             v.nodes,
             v.lazy_max_pages,
             100.0 * v.lock_wait_share,
             v.throughput_ops_per_s / 1e6,
+            v.makespan_ns as f64 / 1e6,
             v.high_water_bytes as f64 / f64::from(1u32 << 20),
             format!(
                 "{}/{}/{}",
@@ -196,31 +199,113 @@ pub fn render_comparison(w: &[WhatIf]) -> String {
     }
     let _ = writeln!(
         o,
-        "\n  lock waits per class (sections, held ms, predicted wait ms, peak utilisation of one instance in a window)"
+        "\n  lock waits per class (instances, sections, held ms, sections that waited, predicted wait ms, wait per alloc/free, peak utilisation of one instance in a window)"
     );
     for v in w {
         let _ = writeln!(
             o,
-            "  {} ({} allocs, {} frees over {:.3} ms on {} CPUs, {} frees of unknown areas):",
+            "  {} ({} allocs, {} frees over {:.3} ms of trace, {:.3} ms simulated, on {} CPUs; {} frees of unknown areas{}):",
             v.variant.name(),
             v.allocs,
             v.frees,
             v.duration_ns as f64 / 1e6,
+            v.makespan_ns as f64 / 1e6,
             v.cpus,
-            v.frees_unknown
+            v.frees_unknown,
+            if v.late_starts > 0 {
+                format!("; {} operations started late (pending cap)", v.late_starts)
+            } else {
+                String::new()
+            }
         );
         for c in &v.lock_waits {
             let _ = writeln!(
                 o,
-                "    {:<16} {:>3} inst {:>10} sections {:>10.3} held {:>12.3} wait  peak {:>6.2}",
+                "    {:<16} {:>3} inst {:>9} sections {:>9.3} held {:>9} waited {:>11.3} wait {:>9.1} ns/op  peak {:>5.2}",
                 c.class.name(),
                 c.instances,
                 c.sections,
                 c.held_ns as f64 / 1e6,
+                c.waits,
                 c.wait_ns as f64 / 1e6,
+                c.wait_per_op_ns,
                 c.max_utilisation
             );
         }
+    }
+    if let Some(first) = w.first() {
+        o.push_str(&render_observed(first, w));
+    }
+    o
+}
+
+/// Observed contention per lock class (the trace's `contention` events) beside each variant's
+/// predicted waits for the same workload, and observed against predicted `alloc_vmap_area`
+/// latency.
+fn render_observed(first: &WhatIf, w: &[WhatIf]) -> String {
+    let mut o = String::new();
+    let obs = &first.observed;
+    if obs.contention.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n  observed contention: none in the trace (record with the lock_waits probe to compare with the prediction)"
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "\n  observed contention (trace) beside predicted waits (waits, ms)"
+        );
+        let mut head = format!("    {:<16} {:>20}", "class", "observed");
+        for v in w {
+            let _ = write!(head, " {:>20}", v.variant.name());
+        }
+        let _ = writeln!(o, "{head}");
+        let mut classes: Vec<_> = obs.contention.iter().map(|c| c.class).collect();
+        for v in w {
+            for c in &v.lock_waits {
+                if !classes.contains(&c.class) {
+                    classes.push(c.class);
+                }
+            }
+        }
+        classes.sort_by_key(|c| crate::trace::LockClass::ALL.iter().position(|k| k == c));
+        for class in classes {
+            let (n, ns) = obs
+                .contention
+                .iter()
+                .find(|c| c.class == class)
+                .map_or((0, 0), |c| (c.count, c.wait_ns));
+            let mut line = format!(
+                "    {:<16} {:>20}",
+                class.name(),
+                format!("{n} / {:.3}", ns as f64 / 1e6)
+            );
+            for v in w {
+                let (n, ns) = v
+                    .lock_waits
+                    .iter()
+                    .find(|c| c.class == class)
+                    .map_or((0, 0), |c| (c.waits, c.wait_ns));
+                let _ = write!(line, " {:>20}", format!("{n} / {:.3}", ns as f64 / 1e6));
+            }
+            let _ = writeln!(o, "{line}");
+        }
+    }
+    if obs.latency_count > 0 {
+        let mut line = format!(
+            "  alloc_vmap_area latency, mean: observed {:.0} ns ({} events)",
+            obs.latency_ns as f64 / obs.latency_count as f64,
+            obs.latency_count
+        );
+        for v in w {
+            let _ = write!(
+                line,
+                "; {} {:.0} ns",
+                v.variant.name(),
+                v.alloc_vmap_area_mean_ns
+            );
+        }
+        let _ = writeln!(o, "{line}");
     }
     o
 }

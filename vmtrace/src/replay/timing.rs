@@ -1,17 +1,27 @@
-//! Timing and contention model: what an operation costs, and how long it waits for locks.
+//! Timing: what each critical section and operation costs, what the simulation predicts per
+//! lock class, and what a trace observed.
 //!
 //! Pure arithmetic, no I/O, deterministic (kept out of `model` because it speaks the trace's
-//! lock classes; the model depends on nothing else in the crate). `vmtrace synth` uses [`Costs`] to lay out per-CPU
-//! operation streams in time; free-running replay feeds every critical section the model enters
-//! to a [`Contention`] accumulator, which predicts queueing waits per lock instance from the
-//! sections' arrival rate in the trace's timestamps. `docs/model.md` ("Contention model") gives
-//! the formula and its limits.
+//! lock classes; the model depends on nothing else in the crate). `vmtrace synth` uses [`Costs`]
+//! to lay out per-CPU operation streams in time; free-running replay turns every operation the
+//! model runs into critical sections with these costs and simulates their queueing
+//! ([`super::des`]). `docs/model.md` ("Timing and contention model") gives the assumptions.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::des::OpWaits;
 use crate::trace::LockClass;
+
+/// A `--cost NAME=NS` that names no cost or has no valid value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CostError {
+    #[error("unknown cost `{0}`: expected one of {names}", names = Costs::NAMES.join(", "))]
+    Unknown(String),
+    #[error("`{0}`: expected NAME=NANOSECONDS, e.g. free_area_lock_ns=300")]
+    Syntax(String),
+}
 
 /// Documented default costs, in nanoseconds. They are round figures of the order measured for
 /// small vmalloc calls on a current x86_64 server, not fitted to any machine: predictions built
@@ -20,6 +30,10 @@ use crate::trace::LockClass;
 pub struct Costs {
     /// `vmalloc` of N pages, uncontended: fixed part (vm_struct, `alloc_vmap_area`).
     pub alloc_base_ns: u64,
+    /// The part of `alloc_base_ns` spent in `alloc_vmap_area` outside its locks (the vmap_area
+    /// object, the preload): with the sections and their waits, the latency that `latency`
+    /// events measure.
+    pub alloc_vmap_area_ns: u64,
     /// Per mapped page (page allocation and PTE set-up).
     pub alloc_per_page_ns: u64,
     /// `vfree` of N pages, uncontended: fixed part (lookup, lazy free).
@@ -48,6 +62,7 @@ impl Default for Costs {
     fn default() -> Self {
         Self {
             alloc_base_ns: 1000,
+            alloc_vmap_area_ns: 300,
             alloc_per_page_ns: 200,
             free_base_ns: 400,
             free_per_page_ns: 50,
@@ -64,6 +79,88 @@ impl Default for Costs {
 }
 
 impl Costs {
+    /// Every cost's name, as `--cost` and the trace header's `synthetic.params` spell it.
+    pub const NAMES: [&'static str; 13] = [
+        "alloc_base_ns",
+        "alloc_vmap_area_ns",
+        "alloc_per_page_ns",
+        "free_base_ns",
+        "free_per_page_ns",
+        "free_area_lock_ns",
+        "merge_per_area_ns",
+        "busy_lock_ns",
+        "lazy_lock_ns",
+        "pool_lock_ns",
+        "page_table_lock_ns",
+        "purge_base_ns",
+        "purge_per_object_ns",
+    ];
+
+    fn field(&mut self, name: &str) -> Option<&mut u64> {
+        Some(match name {
+            "alloc_base_ns" => &mut self.alloc_base_ns,
+            "alloc_vmap_area_ns" => &mut self.alloc_vmap_area_ns,
+            "alloc_per_page_ns" => &mut self.alloc_per_page_ns,
+            "free_base_ns" => &mut self.free_base_ns,
+            "free_per_page_ns" => &mut self.free_per_page_ns,
+            "free_area_lock_ns" => &mut self.free_area_lock_ns,
+            "merge_per_area_ns" => &mut self.merge_per_area_ns,
+            "busy_lock_ns" => &mut self.busy_lock_ns,
+            "lazy_lock_ns" => &mut self.lazy_lock_ns,
+            "pool_lock_ns" => &mut self.pool_lock_ns,
+            "page_table_lock_ns" => &mut self.page_table_lock_ns,
+            "purge_base_ns" => &mut self.purge_base_ns,
+            "purge_per_object_ns" => &mut self.purge_per_object_ns,
+            _ => return None,
+        })
+    }
+
+    /// The cost called `name`.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        let mut c = *self;
+        c.field(name).map(|v| *v)
+    }
+
+    /// Overrides the cost called `name`.
+    pub fn set(&mut self, name: &str, ns: u64) -> Result<(), CostError> {
+        let f = self
+            .field(name)
+            .ok_or_else(|| CostError::Unknown(name.to_string()))?;
+        *f = ns;
+        Ok(())
+    }
+
+    /// Parses `NAME=NS` (a `--cost` argument) into a known name and a value.
+    pub fn parse_override(s: &str) -> Result<(String, u64), CostError> {
+        let (name, value) = s
+            .split_once('=')
+            .ok_or_else(|| CostError::Syntax(s.to_string()))?;
+        let name = name.trim();
+        let ns: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| CostError::Syntax(s.to_string()))?;
+        if Costs::default().get(name).is_none() {
+            return Err(CostError::Unknown(name.to_string()));
+        }
+        Ok((name.to_string(), ns))
+    }
+
+    /// The costs that make up the sections of `class`: the ones fitting scales when the
+    /// class's predicted wait differs from the observed one. The purge mutex is held through a
+    /// whole purge, so its waits follow the purge's own costs.
+    pub fn class_costs(class: LockClass) -> &'static [&'static str] {
+        match class {
+            LockClass::FreeAreaLock => &["free_area_lock_ns", "merge_per_area_ns"],
+            LockClass::NodeBusyLock => &["busy_lock_ns"],
+            LockClass::NodeLazyLock => &["lazy_lock_ns"],
+            LockClass::NodePoolLock => &["pool_lock_ns"],
+            LockClass::PageTableLock => &["page_table_lock_ns"],
+            LockClass::PurgeMutex => &["purge_base_ns", "purge_per_object_ns"],
+            LockClass::Other => &[],
+        }
+    }
+
     /// Uncontended time of one allocation mapping `pages` pages.
     pub fn alloc_ns(&self, pages: u64) -> u64 {
         self.alloc_base_ns + self.alloc_per_page_ns * pages
@@ -95,17 +192,22 @@ pub struct ClassWait {
     /// Lock instances of this class that saw at least one section.
     pub instances: u32,
     pub sections: u64,
-    /// Sum of section costs: time the locks of this class were held.
+    /// Time the locks of this class were held (a mutex: from acquisition to release).
     pub held_ns: u64,
     /// Predicted queueing wait, all sections together.
     pub wait_ns: u64,
-    /// Highest utilisation of one instance in one window (can exceed 1: more demand than the
-    /// lock can serve, the wait is then the bounded-queue cap).
+    /// Highest utilisation of one instance in one window (time held / window, at most 1).
     pub max_utilisation: f64,
-    /// Distribution of the predicted wait of one section, in exp2 buckets (empty until the
-    /// timing model produces per-section waits). Charts and `--json` consumers read it.
+    /// Distribution of the wait of the sections that waited (wait > 0, as a `contention` event
+    /// is only written for a wait), in exp2 buckets. Charts and `--json` consumers read it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub wait_histogram: Vec<HistBucket>,
+    /// Sections that waited at all.
+    pub waits: u64,
+    /// The wait split by the operation that waited.
+    pub wait_by_op: OpWaits,
+    /// Wait per allocation or free (all of this class's wait over the callers' operations).
+    pub wait_per_op_ns: f64,
 }
 
 /// One exp2 bucket of a wait distribution: `count` sections waited at most `le_ns` (and more
@@ -117,134 +219,87 @@ pub struct HistBucket {
     pub count: u64,
 }
 
-/// Accumulator of critical sections per lock instance, in time windows.
-#[derive(Clone, Debug)]
-pub struct Contention {
-    window_ns: u64,
-    /// CPUs that can queue on one lock: a spinning waiter has at most `cpus - 1` sections ahead
-    /// of it (qspinlock is FIFO), which bounds the wait when the utilisation reaches 1.
-    cpus: u32,
-    instances: BTreeMap<(LockClass, u32), Window>,
-    classes: BTreeMap<LockClass, ClassWait>,
+/// Lock waits one class showed in the trace's `contention` events.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ObservedWait {
+    pub class: LockClass,
+    pub count: u64,
+    pub wait_ns: u64,
+    /// The same exp2 buckets as [`ClassWait::wait_histogram`].
+    pub wait_histogram: Vec<HistBucket>,
 }
 
-/// Sections of one lock instance in the current window.
-#[derive(Clone, Copy, Debug, Default)]
-struct Window {
-    index: u64,
-    n: u64,
-    sum: f64,
-    sum_sq: f64,
+/// What the trace itself says about timing, beside the simulation's prediction.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Observed {
+    /// `contention` events per class (`lock_waits` probe), in [`LockClass::ALL`] order; empty
+    /// when the trace has none.
+    pub contention: Vec<ObservedWait>,
+    /// `latency` events (`alloc_vmap_area` entry to exit, richer probe rungs only).
+    pub latency_count: u64,
+    pub latency_ns: u64,
 }
 
-impl ClassWait {
-    fn new(class: LockClass) -> Self {
-        Self {
-            class,
-            instances: 0,
-            sections: 0,
-            held_ns: 0,
-            wait_ns: 0,
-            max_utilisation: 0.0,
-            wait_histogram: Vec::new(),
-        }
-    }
+/// Collects [`Observed`] while a trace is read.
+#[derive(Clone, Debug, Default)]
+pub struct ObservedAcc {
+    classes: BTreeMap<LockClass, (u64, u64, [u64; 64])>,
+    latency_count: u64,
+    latency_ns: u64,
 }
 
-impl Contention {
-    /// Default window: 1 ms, long against a section (tens of ns to µs), short against the
-    /// phases of a workload (a purge, a burst of frees).
-    pub const DEFAULT_WINDOW_NS: u64 = 1_000_000;
-
-    pub fn new(window_ns: u64, cpus: u32) -> Self {
-        Self {
-            window_ns: window_ns.max(1),
-            cpus: cpus.max(1),
-            instances: BTreeMap::new(),
-            classes: BTreeMap::new(),
+impl ObservedAcc {
+    pub fn contention(&mut self, class: LockClass, wait_ns: u64) {
+        let e = self.classes.entry(class).or_insert((0, 0, [0; 64]));
+        e.0 += 1;
+        e.1 += wait_ns;
+        if wait_ns > 0 {
+            e.2[exp2_bucket(wait_ns)] += 1;
         }
     }
 
-    /// Changes the CPU count that bounds a queue (free-running replay learns it as it goes).
-    pub fn set_cpus(&mut self, cpus: u32) {
-        self.cpus = cpus.max(1);
+    pub fn latency(&mut self, latency_ns: u64) {
+        self.latency_count += 1;
+        self.latency_ns += latency_ns;
     }
 
-    /// One critical section of `cost_ns` on lock `instance` of `class`, entered at `ts_ns`.
-    pub fn section(&mut self, class: LockClass, instance: u32, ts_ns: u64, cost_ns: u64) {
-        let index = ts_ns / self.window_ns;
-        let w = self.instances.entry((class, instance)).or_default();
-        if w.n > 0 && w.index != index {
-            let done = std::mem::take(w);
-            Self::flush(&mut self.classes, self.window_ns, self.cpus, class, &done);
-        }
-        let w = self.instances.entry((class, instance)).or_default();
-        w.index = index;
-        w.n += 1;
-        let c = cost_ns as f64;
-        w.sum += c;
-        w.sum_sq += c * c;
-        let cw = self
+    pub fn finish(self) -> Observed {
+        let mut contention: Vec<ObservedWait> = self
             .classes
-            .entry(class)
-            .or_insert_with(|| ClassWait::new(class));
-        cw.sections += 1;
-        cw.held_ns += cost_ns;
+            .into_iter()
+            .map(|(class, (count, wait_ns, h))| ObservedWait {
+                class,
+                count,
+                wait_ns,
+                wait_histogram: exp2_histogram(&h),
+            })
+            .collect();
+        contention.sort_by_key(|c| LockClass::ALL.iter().position(|&k| k == c.class));
+        Observed {
+            contention,
+            latency_count: self.latency_count,
+            latency_ns: self.latency_ns,
+        }
     }
+}
 
-    /// Pollaczek–Khinchine (M/G/1) mean queueing wait for the window, bounded by the FIFO cap.
-    fn flush(
-        classes: &mut BTreeMap<LockClass, ClassWait>,
-        window_ns: u64,
-        cpus: u32,
-        class: LockClass,
-        w: &Window,
-    ) {
-        if w.n == 0 {
-            return;
-        }
-        let span = window_ns as f64;
-        let rho = w.sum / span;
-        let mean = w.sum / w.n as f64;
-        // The drain work is one work item and free-running replay runs purges one after the
-        // other, so nothing queues on `vmap_purge_lock` there; every other lock can have a
-        // waiter on each other CPU.
-        let waiters = if class == LockClass::PurgeMutex {
-            0
-        } else {
-            cpus - 1
-        };
-        let cap = f64::from(waiters) * mean;
-        let wq = if rho < 1.0 {
-            ((w.sum_sq / span) / (2.0 * (1.0 - rho))).min(cap)
-        } else {
-            cap
-        };
-        let cw = classes
-            .entry(class)
-            .or_insert_with(|| ClassWait::new(class));
-        cw.wait_ns += (wq * w.n as f64).round() as u64;
-        if rho > cw.max_utilisation {
-            cw.max_utilisation = rho;
-        }
-    }
+/// Bucket of a wait of `w >= 1` ns: the smallest `k` with `w <= 2^k`.
+pub fn exp2_bucket(w: u64) -> usize {
+    ((64 - w.saturating_sub(1).leading_zeros()) as usize).min(63)
+}
 
-    /// Closes every open window and returns the per-class figures, in [`LockClass::ALL`] order.
-    pub fn finish(mut self) -> Vec<ClassWait> {
-        let open: Vec<((LockClass, u32), Window)> =
-            std::mem::take(&mut self.instances).into_iter().collect();
-        let mut counted: BTreeMap<LockClass, u32> = BTreeMap::new();
-        for ((class, _), w) in &open {
-            *counted.entry(*class).or_default() += 1;
-            Self::flush(&mut self.classes, self.window_ns, self.cpus, *class, w);
-        }
-        let mut out: Vec<ClassWait> = self.classes.into_values().collect();
-        for cw in &mut out {
-            cw.instances = counted.get(&cw.class).copied().unwrap_or(0);
-        }
-        out.sort_by_key(|c| LockClass::ALL.iter().position(|&k| k == c.class));
-        out
-    }
+/// The non-empty range of exp2 buckets, as Prometheus-style upper bounds (`le_ns` = 2^k).
+pub fn exp2_histogram(h: &[u64; 64]) -> Vec<HistBucket> {
+    let Some(lo) = h.iter().position(|&c| c > 0) else {
+        return Vec::new();
+    };
+    let hi = h.iter().rposition(|&c| c > 0).unwrap_or(lo);
+    (lo..=hi)
+        .map(|k| HistBucket {
+            le_ns: 1u64 << k,
+            count: h[k],
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -252,39 +307,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn light_load_waits_little_and_saturation_hits_the_cap() {
-        // 10 sections of 100 ns in 1 ms: rho = 0.001, wait ~ 0.005 ns each.
-        let mut c = Contention::new(1_000_000, 4);
-        for i in 0..10 {
-            c.section(LockClass::FreeAreaLock, 0, i * 1000, 100);
+    fn overrides_by_name() {
+        let mut c = Costs::default();
+        for name in Costs::NAMES {
+            c.set(name, 7).expect(name);
+            assert_eq!(c.get(name), Some(7), "{name}");
         }
-        let light = c.finish();
-        assert!(light[0].wait_ns < 10, "{light:?}");
-        // 20,000 sections of 100 ns in 1 ms: rho = 2, every section waits the cap (3 x 100 ns).
-        let mut c = Contention::new(1_000_000, 4);
-        for i in 0..20_000 {
-            c.section(LockClass::FreeAreaLock, 0, i * 50, 100);
+        assert_eq!(
+            Costs::parse_override("free_area_lock_ns=300"),
+            Ok(("free_area_lock_ns".to_string(), 300))
+        );
+        assert!(matches!(
+            Costs::parse_override("free_area_lock=300"),
+            Err(CostError::Unknown(_))
+        ));
+        assert!(matches!(
+            Costs::parse_override("free_area_lock_ns=-1"),
+            Err(CostError::Syntax(_))
+        ));
+        assert!(matches!(
+            Costs::parse_override("free_area_lock_ns"),
+            Err(CostError::Syntax(_))
+        ));
+        for class in LockClass::ALL {
+            for name in Costs::class_costs(class) {
+                assert!(Costs::default().get(name).is_some(), "{name}");
+            }
         }
-        let heavy = c.finish();
-        assert_eq!(heavy[0].wait_ns, 20_000 * 300);
-        assert!(heavy[0].max_utilisation > 1.9);
     }
 
     #[test]
-    fn instances_queue_separately() {
-        // The same load spread over 8 instances waits far less than on one.
-        let run = |instances: u32| {
-            let mut c = Contention::new(1_000_000, 64);
-            for i in 0..8_000u64 {
-                c.section(
-                    LockClass::NodeBusyLock,
-                    (i % u64::from(instances)) as u32,
-                    i * 100,
-                    80,
-                );
-            }
-            c.finish()[0].wait_ns
-        };
-        assert!(run(8) * 10 < run(1));
+    fn exp2_buckets_are_upper_bounds() {
+        for (w, k) in [
+            (1, 0),
+            (2, 1),
+            (3, 2),
+            (4, 2),
+            (5, 3),
+            (1024, 10),
+            (1025, 11),
+        ] {
+            assert_eq!(exp2_bucket(w), k, "{w}");
+            assert!(w <= 1u64 << k && (k == 0 || w > 1u64 << (k - 1)));
+        }
+        let mut h = [0u64; 64];
+        h[3] = 2;
+        h[5] = 1;
+        let b = exp2_histogram(&h);
+        assert_eq!(b.len(), 3);
+        assert_eq!((b[0].le_ns, b[0].count), (8, 2));
+        assert_eq!((b[1].le_ns, b[1].count), (16, 0));
+        assert_eq!((b[2].le_ns, b[2].count), (32, 1));
     }
 }
