@@ -32,6 +32,16 @@ static LOCK_END_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 #[unsafe(no_mangle)]
 static LOCK_RANGES: Global<RangeSet> = Global::new(RangeSet::EMPTY);
 
+/// Frames the lock filter inspects. The function that takes the lock sits right under the lock
+/// primitives: frame 2 for a spinlock (`__pv_queued_spin_lock_slowpath`, `_raw_spin_lock*`),
+/// frame 3 for a mutex (`__mutex_lock`, `__mutex_lock_slowpath`, `mutex_lock`) in the stacks
+/// recorded on the reference machine (tests/fixtures/contention/stacks.txt); 6 leaves margin.
+/// A deeper match would only be a vmap function further up, i.e. a wait on some other lock
+/// taken by code the vmap function called (an interrupt, the page allocator), which the
+/// classifier calls "other" anyway. Walking 6 frames instead of 16 is what most of the
+/// filter's cost was, paid on every contention in the system.
+const LOCK_FILTER_FRAMES: usize = 6;
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Pending {
@@ -67,7 +77,7 @@ fn begin_wait<C: EbpfContext + StackIdContext>(ctx: &C, lock: u64, flags: u64) {
         bump(counter::CONTENTION_NESTED);
         return;
     }
-    let Some(matched) = stack_hits(ctx, global_ptr(&LOCK_RANGES)) else {
+    let Some(matched) = stack_hits::<C, LOCK_FILTER_FRAMES>(ctx, global_ptr(&LOCK_RANGES)) else {
         bump(counter::CONTENTION_FILTERED);
         return;
     };

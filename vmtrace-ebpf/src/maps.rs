@@ -99,14 +99,20 @@ fn range_index(set: *const RangeSet, f: u64) -> Option<u64> {
     None
 }
 
-/// Reads the current kernel stack (at most [`FILTER_FRAMES`] frames) into this CPU's scratch
-/// buffer; returns it with the number of frames.
+/// Reads the innermost `DEPTH` frames (at most [`FILTER_FRAMES`]) of the current kernel stack
+/// into this CPU's scratch buffer; returns it with the number of frames. The unwinder stops at
+/// `DEPTH`, and its cost grows with every frame, so each filter asks for no more than it needs.
 #[inline(always)]
-fn read_stack<C: EbpfContext>(ctx: &C) -> Option<(*const u64, usize)> {
+fn read_stack<C: EbpfContext, const DEPTH: usize>(ctx: &C) -> Option<(*const u64, usize)> {
     let buf = FRAMES.get_ptr_mut(0)?;
-    // SAFETY: `buf` is this CPU's scratch slot of exactly FILTER_FRAMES u64s.
+    let depth = if DEPTH < FILTER_FRAMES {
+        DEPTH
+    } else {
+        FILTER_FRAMES
+    };
+    // SAFETY: `buf` is this CPU's scratch slot of FILTER_FRAMES u64s, and depth <= that.
     let n = unsafe {
-        aya_ebpf::helpers::bpf_get_stack(ctx.as_ptr(), buf.cast(), (FILTER_FRAMES * 8) as u32, 0)
+        aya_ebpf::helpers::bpf_get_stack(ctx.as_ptr(), buf.cast(), (depth * 8) as u32, 0)
     };
     if n <= 0 {
         bump(counter::STACK_READ_FAIL);
@@ -119,8 +125,11 @@ fn read_stack<C: EbpfContext>(ctx: &C) -> Option<(*const u64, usize)> {
 /// a frame, if any. Loops are bounded by constants and pointers are offset, never indexed, so
 /// there is no bounds check (and no panic path) for the verifier to reject.
 #[inline(always)]
-pub fn stack_hits<C: EbpfContext>(ctx: &C, set: *const RangeSet) -> Option<u64> {
-    let (buf, frames) = read_stack(ctx)?;
+pub fn stack_hits<C: EbpfContext, const DEPTH: usize>(
+    ctx: &C,
+    set: *const RangeSet,
+) -> Option<u64> {
+    let (buf, frames) = read_stack::<C, DEPTH>(ctx)?;
     for i in 0..FILTER_FRAMES {
         if i >= frames {
             break;
@@ -142,7 +151,7 @@ pub fn stack_hits2<C: EbpfContext>(
     a: *const RangeSet,
     b: *const RangeSet,
 ) -> (Option<u64>, bool) {
-    let Some((buf, frames)) = read_stack(ctx) else {
+    let Some((buf, frames)) = read_stack::<C, FILTER_FRAMES>(ctx) else {
         return (None, false);
     };
     let mut hit_a = None;
