@@ -175,6 +175,21 @@ pub struct ReplayArgs {
     /// (`nodes-capped` queues it on the high-priority workqueue: 50 µs).
     #[arg(long, value_parser = parse_duration, default_value = "1ms")]
     pub purge_latency: Duration,
+
+    /// Free-running: override one cost of the contention simulation, NAME=NANOSECONDS, e.g.
+    /// `free_area_lock_ns=300` (repeatable; the names and defaults are in docs/model.md).
+    #[arg(long = "cost", value_name = "NAME=NS", value_parser = parse_cost)]
+    pub costs: Vec<(String, u64)>,
+
+    /// Fit the lock costs to the trace's own `contention` (and `latency`) events before the
+    /// what-if comparison, starting from the defaults and any --cost; prints what was fitted.
+    /// Reads the trace once per round, so it needs a file.
+    #[arg(long)]
+    pub fit_costs: bool,
+}
+
+fn parse_cost(s: &str) -> Result<(String, u64), String> {
+    crate::replay::timing::Costs::parse_override(s).map_err(|e| e.to_string())
 }
 
 fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {

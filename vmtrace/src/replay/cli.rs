@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use super::charts::{write_report, ReportInput};
-use super::free_run::{free_run, FreeRunOptions};
-use super::{render_comparison, render_text, replay, ReplayOptions};
+use super::free_run::{fit_costs, free_run, FreeRunOptions};
+use super::{render_comparison, render_fit, render_text, replay, ReplayOptions};
 use crate::cli::ReplayArgs;
 use crate::model::Variant;
 
@@ -27,7 +27,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     } else {
         variants.clone()
     };
-    let compare = args.free_running || variants.len() > 1 || args.report.is_some();
+    let compare =
+        args.free_running || variants.len() > 1 || args.report.is_some() || args.fit_costs;
     // The charts' observed side (footprint, backlog, purges) comes from an observed-timing
     // replay, so a report makes one even with --free-running (not printed then).
     let observed_passes = if args.free_running {
@@ -35,19 +36,26 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     } else {
         variants.len()
     };
-    let passes = observed_passes + if compare { what_if_variants.len() } else { 0 };
+    let passes = observed_passes
+        + if compare { what_if_variants.len() } else { 0 }
+        + if args.fit_costs { FIT_ROUNDS + 1 } else { 0 };
     if args.trace.as_os_str() == "-" && passes > 1 {
         anyhow::bail!(
-            "this replay reads the trace {passes} times (several variants, --free-running or --report), which stdin cannot give; pass the trace as a file"
+            "this replay reads the trace {passes} times (several variants, --free-running, --report or --fit-costs), which stdin cannot give; pass the trace as a file"
         );
     }
     let mut reports = Vec::new();
     let mut chart_only = Vec::new();
     let mut what_ifs = Vec::new();
-    let fr = FreeRunOptions {
+    let mut fr = FreeRunOptions {
         purge_latency_ns: u64::try_from(args.purge_latency.as_nanos()).unwrap_or(u64::MAX),
         ..FreeRunOptions::default()
     };
+    for (name, ns) in &args.costs {
+        fr.costs
+            .set(name, *ns)
+            .with_context(|| format!("--cost {name}={ns}"))?;
+    }
     let options = |variant| ReplayOptions {
         variant,
         strict: args.strict,
@@ -78,6 +86,20 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
             reports.push(report);
         }
     }
+    let fit = if args.fit_costs {
+        progress(Variant::Nodes, "fitting costs");
+        let fit = fit_costs(
+            || open(&args.trace),
+            &options(Variant::Nodes),
+            &fr,
+            FIT_ROUNDS,
+        )
+        .with_context(|| context(Variant::Nodes, "fitting costs"))?;
+        fr.costs = fit.fitted;
+        Some(fit)
+    } else {
+        None
+    };
     if compare {
         for &variant in &what_if_variants {
             progress(variant, "free-running");
@@ -89,7 +111,10 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if args.json {
         if compare {
-            let doc = serde_json::json!({ "fidelity": reports, "what_if": what_ifs });
+            let mut doc = serde_json::json!({ "fidelity": reports, "what_if": what_ifs });
+            if let Some(fit) = &fit {
+                doc["cost_fit"] = serde_json::to_value(fit)?;
+            }
             serde_json::to_writer_pretty(&mut out, &doc)?;
         } else {
             serde_json::to_writer_pretty(&mut out, &reports)?;
@@ -104,6 +129,10 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
         }
         if compare {
             if !reports.is_empty() {
+                writeln!(out)?;
+            }
+            if let Some(fit) = &fit {
+                out.write_all(render_fit(fit).as_bytes())?;
                 writeln!(out)?;
             }
             out.write_all(render_comparison(&what_ifs).as_bytes())?;
@@ -132,6 +161,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Most rounds of `--fit-costs` after the first simulation (each one a pass over the trace).
+const FIT_ROUNDS: usize = 8;
 
 fn open(path: &std::path::Path) -> anyhow::Result<Box<dyn BufRead>> {
     if path.as_os_str() == "-" {

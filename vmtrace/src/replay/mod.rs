@@ -37,7 +37,7 @@ use crate::model::{
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
-pub use report::{render_comparison, render_text};
+pub use report::{render_comparison, render_fit, render_text};
 
 /// How to replay.
 #[derive(Clone, Debug)]

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use super::free_run::CostFit;
+use super::timing::Costs;
 use super::{Agreement, Report, WhatIf};
 
 fn agreement(a: &Agreement) -> String {
@@ -306,6 +308,76 @@ fn render_observed(first: &WhatIf, w: &[WhatIf]) -> String {
             );
         }
         let _ = writeln!(o, "{line}");
+    }
+    o
+}
+
+/// What `--fit-costs` fitted: per observed class the observed wait, the prediction with the
+/// starting costs and with the fitted ones, and the costs that moved.
+pub fn render_fit(f: &CostFit) -> String {
+    let mut o = String::new();
+    let (Some(first), Some(last)) = (f.rounds.first(), f.rounds.last()) else {
+        return o;
+    };
+    let _ = writeln!(
+        o,
+        "cost fit (variant nodes, free-running, from the trace's contention and latency events; {} simulation(s), {})",
+        f.rounds.len(),
+        if f.converged {
+            "every observed figure within 5 %"
+        } else if first.classes.is_empty() && first.observed_latency_mean_ns.is_none() {
+            "nothing observed to fit: costs unchanged"
+        } else {
+            "not converged: the last costs are used"
+        }
+    );
+    if !last.classes.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {:<16} {:>22} {:>22} {:>22}",
+            "class", "observed waits / ms", "predicted, start", "predicted, fitted"
+        );
+    }
+    for c in &last.classes {
+        let start = first
+            .classes
+            .iter()
+            .find(|s| s.class == c.class)
+            .map_or((0, 0), |s| (s.predicted_waits, s.predicted_wait_ns));
+        let cell = |n: u64, ns: u64| format!("{n} / {:.3}", ns as f64 / 1e6);
+        let _ = writeln!(
+            o,
+            "  {:<16} {:>22} {:>22} {:>22}",
+            c.class.name(),
+            cell(c.observed_waits, c.observed_wait_ns),
+            cell(start.0, start.1),
+            cell(c.predicted_waits, c.predicted_wait_ns)
+        );
+    }
+    if let Some(obs) = last.observed_latency_mean_ns {
+        let _ = writeln!(
+            o,
+            "  alloc_vmap_area latency, mean: observed {obs:.0} ns, predicted {:.0} ns at the start, {:.0} ns fitted",
+            first.predicted_latency_mean_ns, last.predicted_latency_mean_ns
+        );
+    }
+    let moved: Vec<String> = Costs::NAMES
+        .iter()
+        .filter_map(|&n| {
+            let (a, b) = (f.initial.get(n)?, f.fitted.get(n)?);
+            (a != b).then(|| format!("{n} {a} -> {b}"))
+        })
+        .collect();
+    if !moved.is_empty() {
+        let _ = writeln!(o, "  costs: {}", moved.join(", "));
+    }
+    if !f.unobserved.is_empty() {
+        let names: Vec<&str> = f.unobserved.iter().map(|c| c.name()).collect();
+        let _ = writeln!(
+            o,
+            "  not fitted (no contention observed): {}",
+            names.join(", ")
+        );
     }
     o
 }
