@@ -118,6 +118,40 @@ impl FreeSpace {
         (addr < e).then_some((s, e))
     }
 
+    /// The `n` lowest-addressed blocks at least `size` bytes long, in address order.
+    ///
+    /// Replay shows them beside every divergence and takes them before every prediction, so
+    /// they come from the size classes (the lowest fitting members of each class, merged)
+    /// rather than from a walk of the address-ordered list, which passes every smaller hole
+    /// below them.
+    pub fn lowest_fitting(&self, size: u64, n: usize) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(n);
+        if n == 0 {
+            return out;
+        }
+        if size == 0 {
+            out.extend(self.iter().take(n));
+            return out;
+        }
+        for class in class_of(size)..CLASSES {
+            let upper = if out.len() == n {
+                out[n - 1].0
+            } else {
+                u64::MAX
+            };
+            let fitting = self.classes[class]
+                .range(..upper)
+                .filter(|&(&s, &e)| e - s >= size)
+                .take(n);
+            for (&s, &e) in fitting {
+                let at = out.partition_point(|&(o, _)| o < s);
+                out.insert(at, (s, e));
+                out.truncate(n);
+            }
+        }
+        out
+    }
+
     fn link(&mut self, start: u64, end: u64) {
         self.blocks.insert(start, end);
         self.classes[class_of(end - start)].insert(start, end);
@@ -280,5 +314,27 @@ mod tests {
         assert!(f.release(60 * P, P).is_err());
         assert_eq!(f.alloc(P, 1, 0, 54 * P), Err(FitFailure::BeyondEnd));
         assert_eq!(f.alloc(1000 * P, 1, 0, u64::MAX), Err(FitFailure::NoBlock));
+    }
+
+    proptest::proptest! {
+        /// The class-based search agrees with a walk of the address-ordered list.
+        #[test]
+        fn lowest_fitting_matches_a_walk(
+            holes in proptest::collection::vec((1u64..40, 1u64..6), 0..60),
+            size_pages in 0u64..12,
+            n in 0usize..5,
+        ) {
+            let mut f = FreeSpace::new();
+            let mut at = 0;
+            for (gap, len) in holes {
+                at += gap * P;
+                f.release(at, len * P).unwrap();
+                at += len * P;
+            }
+            let size = size_pages * P;
+            let walk: Vec<(u64, u64)> =
+                f.iter().filter(|(s, e)| e - s >= size).take(n).collect();
+            proptest::prop_assert_eq!(f.lowest_fitting(size, n), walk);
+        }
     }
 }

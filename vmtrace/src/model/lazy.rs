@@ -109,6 +109,18 @@ impl LazyLists {
         self.trees.len() as u32
     }
 
+    /// Whether any lazy area overlaps `[start, end)`. Areas on one tree are disjoint and sorted,
+    /// so only the last one starting below `end` can reach `start`: one lookup per tree instead
+    /// of a walk of the whole backlog, which replay would otherwise pay on every allocation
+    /// while a drain is pending.
+    pub fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.trees.iter().any(|t| {
+            t.range(..end)
+                .next_back()
+                .is_some_and(|(&s, a)| s.saturating_add(a.size) > start)
+        })
+    }
+
     /// The lazy area starting at `addr`, if any.
     pub fn find(&self, addr: u64) -> Option<(u32, LazyArea)> {
         self.trees
@@ -185,5 +197,27 @@ mod tests {
         );
         assert_eq!(l.objects(), 1);
         assert_eq!(l.pages(), 3);
+    }
+
+    proptest::proptest! {
+        /// The per-tree lookup agrees with a scan of every lazy area.
+        #[test]
+        fn overlaps_matches_a_scan(
+            areas in proptest::collection::vec((0u64..8, 1u64..6, 0u32..3), 0..40),
+            start in 0u64..400,
+            len in 0u64..20,
+        ) {
+            let mut l = LazyLists::new(3, false);
+            let mut at = 0;
+            for (gap, pages, node) in areas {
+                at += gap;
+                let area = LazyArea { size: pages, tag: 0, seq: 0 };
+                l.insert(node, at, area, 1);
+                at += pages;
+            }
+            let end = start + len;
+            let scan = l.iter().any(|(_, s, a)| s < end && start < s + a.size);
+            proptest::prop_assert_eq!(l.overlaps(start, end), scan);
+        }
     }
 }

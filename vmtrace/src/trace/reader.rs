@@ -2,7 +2,10 @@
 
 use std::io::BufRead;
 
-use super::{Header, Record, FORMAT, VERSION};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::{Alloc, Ctx, Free, Header, KAddr, Purge, Record, FORMAT, VERSION};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -110,7 +113,10 @@ impl<R: BufRead> TraceReader<R> {
                     return Some(Err(e));
                 }
             }
-            let parsed = serde_json::from_str::<Record>(text);
+            let parsed = match parse_hot(text) {
+                Some(r) => Ok(r),
+                None => serde_json::from_str::<Record>(text),
+            };
             let record = match parsed {
                 Ok(r) => r,
                 Err(_) if !complete => return Some(Err(ReadError::Truncated { line: self.line })),
@@ -154,6 +160,101 @@ impl<R: BufRead> Iterator for TraceReader<R> {
         self.next_record()
     }
 }
+
+/// The three event kinds that make up nearly every line of a trace, parsed without serde's
+/// internally-tagged machinery.
+///
+/// `Record` is tagged by its `type` field and the events flatten their `Ctx`; serde can only
+/// handle both by first buffering the whole object into an intermediate tree of owned keys and
+/// values, which made parsing four times slower than the replay behind it. The writer always
+/// puts `"type"` first, so a line starting with `{"type":"alloc"` (or `free`, `purge`) is
+/// parsed straight into a flat mirror of the record. Anything else, and any line the mirror
+/// refuses, takes the general path, so the general path alone decides what is an error and how
+/// it reads: the fast path only ever returns what `serde_json::from_str::<Record>` would.
+fn parse_hot(text: &str) -> Option<Record> {
+    let rest = text.strip_prefix(r#"{"type":""#)?;
+    let kind = &rest[..rest.find('"')?];
+    match kind {
+        "alloc" => serde_json::from_str::<HotAlloc>(text).ok().map(|mut a| {
+            Record::Alloc(Alloc {
+                ctx: a.ctx(),
+                addr: a.addr,
+                size: a.size,
+                align: a.align,
+                vstart: a.vstart,
+                vend: a.vend,
+                failed: a.failed,
+            })
+        }),
+        "free" => serde_json::from_str::<HotFree>(text).ok().map(|mut f| {
+            Record::Free(Free {
+                ctx: f.ctx(),
+                va_start: f.va_start,
+                nr_lazy: f.nr_lazy,
+                nr_lazy_max: f.nr_lazy_max,
+            })
+        }),
+        "purge" => serde_json::from_str::<HotPurge>(text).ok().map(|mut p| {
+            Record::Purge(Purge {
+                ctx: p.ctx(),
+                start: p.start,
+                end: p.end,
+                npurged: p.npurged,
+            })
+        }),
+        _ => None,
+    }
+}
+
+/// Declares a flat mirror of an event record: the `type` tag (declared so that a second one is
+/// a duplicate-field error, which sends the line to the general path), the `Ctx` fields, and
+/// the record's own fields.
+macro_rules! hot_record {
+    ($name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+        #[derive(Deserialize)]
+        struct $name {
+            #[serde(rename = "type")]
+            _kind: IgnoredAny,
+            ts_ns: u64,
+            cpu: u32,
+            tgid: u32,
+            pid: u32,
+            comm: String,
+            $($field: $ty),*
+        }
+
+        impl $name {
+            fn ctx(&mut self) -> Ctx {
+                Ctx {
+                    ts_ns: self.ts_ns,
+                    cpu: self.cpu,
+                    tgid: self.tgid,
+                    pid: self.pid,
+                    comm: std::mem::take(&mut self.comm),
+                }
+            }
+        }
+    };
+}
+
+hot_record!(HotAlloc {
+    addr: KAddr,
+    size: u64,
+    align: u64,
+    vstart: KAddr,
+    vend: KAddr,
+    failed: i32,
+});
+hot_record!(HotFree {
+    va_start: KAddr,
+    nr_lazy: u64,
+    nr_lazy_max: u64,
+});
+hot_record!(HotPurge {
+    start: KAddr,
+    end: KAddr,
+    npurged: u32,
+});
 
 /// `Some(error)` when the first line is a header of another format or version.
 fn check_identity(text: &str) -> Option<ReadError> {
