@@ -651,28 +651,20 @@ impl<'o> Replayer<'o> {
         }
     }
 
-    fn context(&self, size: u64, cpu: u32) -> String {
+    /// The model state a divergence is shown with, taken before every prediction (the
+    /// prediction changes it) but only formatted when the prediction turns out wrong.
+    fn context(&self, size: u64, cpu: u32) -> AllocContext {
         let m = &self.model;
         let node = m.params().layout.cpu_to_node(cpu);
-        let pool = m.pools().len(node, size);
-        let head = m
-            .pools()
-            .head(node, size)
-            .map_or("-".to_string(), |h| format!("{h:#x}"));
-        let lowest: Vec<String> = m
-            .free_space()
-            .iter()
-            .filter(|(s, e)| e - s >= size)
-            .take(3)
-            .map(|(s, e)| format!("{s:#x}+{:#x}", e - s))
-            .collect();
-        format!(
-            "node {node} pool[{} pages] len {pool} head {head}; lowest free blocks that fit: {}; lazy {} pages; busy {}",
-            size / m.params().page_size,
-            lowest.join(", "),
-            m.lazy_pages(),
-            m.busy().len()
-        )
+        AllocContext {
+            node,
+            pool_pages: size / m.params().page_size,
+            pool_len: m.pools().len(node, size),
+            head: m.pools().head(node, size),
+            lowest: m.free_space().lowest_fitting(size, 3),
+            lazy_pages: m.lazy_pages(),
+            busy: m.busy().len(),
+        }
     }
 
     fn alloc(&mut self, a: &crate::trace::Alloc, in_window: bool) -> Result<(), ReplayError> {
@@ -714,7 +706,7 @@ impl<'o> Replayer<'o> {
                         align: a.align,
                         observed: "failed".into(),
                         predicted: format!("{:#x}", got.addr),
-                        context,
+                        context: context.to_string(),
                     });
                 }
                 Ok(Err(_)) => self.failures.add(true),
@@ -743,11 +735,8 @@ impl<'o> Replayer<'o> {
         self.obs_slots.map(addr, mapped_end(addr));
         self.obs_high = self.obs_high.max(addr + size);
         self.obs_run_high = self.obs_run_high.max(addr + size);
-        let context = if self.divergences.len() < self.opts.max_divergences {
-            self.context(size, a.ctx.cpu)
-        } else {
-            String::new()
-        };
+        let context = (self.divergences.len() < self.opts.max_divergences)
+            .then(|| self.context(size, a.ctx.cpu));
         let predicted = match self.model.alloc(&req) {
             Ok(r) => r,
             Err(e) => {
@@ -815,7 +804,7 @@ impl<'o> Replayer<'o> {
             align: a.align,
             observed: format!("{addr:#x}"),
             predicted: pred_addr.map_or("failure".into(), |g| format!("{:#x}", g.addr)),
-            context,
+            context: context.map(|c| c.to_string()).unwrap_or_default(),
         });
         Ok(())
     }
@@ -995,10 +984,7 @@ impl<'o> Replayer<'o> {
         {
             return false;
         }
-        self.model
-            .lazy()
-            .iter()
-            .any(|(_, s, a)| s < end && addr < s + a.size)
+        self.model.lazy().overlaps(addr, end)
     }
 
     fn purge_early(&mut self) {
@@ -1055,6 +1041,40 @@ impl<'o> Replayer<'o> {
             observed_series: self.obs_series.finish(),
             vmalloc_used_series: self.vmalloc_used.finish(),
         }
+    }
+}
+
+/// What [`Replayer::context`] took: plain values, so that taking it costs no formatting.
+struct AllocContext {
+    node: u32,
+    pool_pages: u64,
+    pool_len: usize,
+    head: Option<u64>,
+    /// Lowest free blocks that fit, as `(start, end)`.
+    lowest: Vec<(u64, u64)>,
+    lazy_pages: u64,
+    busy: usize,
+}
+
+impl std::fmt::Display for AllocContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node {} pool[{} pages] len {} head ",
+            self.node, self.pool_pages, self.pool_len
+        )?;
+        match self.head {
+            Some(h) => write!(f, "{h:#x}")?,
+            None => f.write_str("-")?,
+        }
+        f.write_str("; lowest free blocks that fit: ")?;
+        for (i, &(s, e)) in self.lowest.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{s:#x}+{:#x}", e - s)?;
+        }
+        write!(f, "; lazy {} pages; busy {}", self.lazy_pages, self.busy)
     }
 }
 
