@@ -4,10 +4,18 @@
 //! (`nodes-capped`) never needs more page-table slots than `nodes`. The sizes are scaled down
 //! (--loops 50, --junk 16, --busy-list 20, lazy_max 512 pages) so that it runs in seconds and
 //! still purges several times; `cargo test --test whatif -- --nocapture` prints the figures.
+//!
+//! The lock waits come from the discrete-event simulation (`replay/des.rs`): the synthetic
+//! streams have no think time, so the CPUs run back to back and a saturated lock bounds the
+//! throughput. That bound is checked too: `global` takes the one free-tree lock for every
+//! allocation, so it cannot complete more allocations per second than 1 / `free_area_lock_ns`,
+//! and its free-tree lock is busy nearly all of the simulated time.
 
 use vmtrace::model::Variant;
+use vmtrace::replay::timing::Costs;
 use vmtrace::replay::{free_run, FreeRunOptions, ReplayOptions, WhatIf};
 use vmtrace::synth::{generate, SynthParams};
+use vmtrace::trace::LockClass;
 
 fn trace() -> Vec<u8> {
     let p = SynthParams {
@@ -33,17 +41,37 @@ fn what_if(bytes: &[u8], variant: Variant) -> WhatIf {
     };
     let w = free_run(bytes, &opts, &FreeRunOptions::default()).expect("free-running replay");
     eprintln!(
-        "{:<13} lock-wait share {:5.1} %  throughput {:7.3} Mops/s  footprint {:7.1} MiB  PT slots {}/{}/{}  purges {}",
+        "{:<13} lock-wait share {:5.1} %  throughput {:7.3} Mops/s  makespan {:6.3} ms  footprint {:7.1} MiB  PT slots {}/{}/{}  purges {}",
         variant.name(),
         100.0 * w.lock_wait_share,
         w.throughput_ops_per_s / 1e6,
+        w.makespan_ns as f64 / 1e6,
         w.high_water_bytes as f64 / 1048576.0,
         w.slots.pte_tables,
         w.slots.pmd_tables,
         w.slots.pud_tables,
         w.purges
     );
+    for c in &w.lock_waits {
+        eprintln!(
+            "    {:<16} {:>3} inst {:>7} sections {:>7} waited {:>9.3} ms wait  peak {:.2}",
+            c.class.name(),
+            c.instances,
+            c.sections,
+            c.waits,
+            c.wait_ns as f64 / 1e6,
+            c.max_utilisation
+        );
+    }
     w
+}
+
+fn class(w: &WhatIf, class: LockClass) -> vmtrace::replay::timing::ClassWait {
+    w.lock_waits
+        .iter()
+        .find(|c| c.class == class)
+        .cloned()
+        .unwrap_or_else(|| panic!("{:?} has no {class:?}", w.variant))
 }
 
 #[test]
@@ -57,6 +85,18 @@ fn global_waits_more_and_capped_pools_need_no_more_page_tables() {
         assert_eq!(w.frees_unknown, 0);
         assert_eq!(w.cpus, 64);
         assert!(w.purges >= 2, "{:?} purged {} times", w.variant, w.purges);
+        assert_eq!(w.late_starts, 0, "{:?}", w.variant);
+        // The series accounts for every operation and every wait.
+        assert!(!w.wait_series.is_empty() && w.wait_series.len() <= 500);
+        let ops: u64 = w.wait_series.iter().map(|s| s.ops).sum();
+        assert_eq!(ops, w.allocs + w.frees);
+        let waited: u64 = w.wait_series.iter().map(|s| s.wait_ns).sum();
+        assert_eq!(waited, w.wait_ns);
+        // The histograms count every section that waited.
+        for c in &w.lock_waits {
+            let n: u64 = c.wait_histogram.iter().map(|b| b.count).sum();
+            assert_eq!(n, c.waits, "{:?} {:?}", w.variant, c.class);
+        }
     }
     assert!(
         global.lock_wait_share > 1.5 * nodes.lock_wait_share
@@ -66,20 +106,33 @@ fn global_waits_more_and_capped_pools_need_no_more_page_tables() {
         nodes.lock_wait_share
     );
     assert!(
-        global.throughput_ops_per_s < 0.6 * nodes.throughput_ops_per_s,
+        global.throughput_ops_per_s < 0.75 * nodes.throughput_ops_per_s,
         "global {} vs nodes {}",
         global.throughput_ops_per_s,
         nodes.throughput_ops_per_s
+    );
+    // `global` is bound by its free-tree lock: at most one allocation per section cost, and
+    // the lock busy nearly all of the simulated time.
+    let fa = class(&global, LockClass::FreeAreaLock);
+    let ops_per_alloc = (global.allocs + global.frees) as f64 / global.allocs as f64;
+    let bound = ops_per_alloc * 1e9 / Costs::default().free_area_lock_ns as f64;
+    assert!(
+        global.throughput_ops_per_s <= bound,
+        "{} > {bound}",
+        global.throughput_ops_per_s
+    );
+    assert!(
+        fa.held_ns as f64 > 0.9 * global.makespan_ns as f64,
+        "free-tree lock held {} of {} ns",
+        fa.held_ns,
+        global.makespan_ns
     );
     assert!(capped.page_table_pages <= nodes.page_table_pages);
     assert!(capped.slots.pte_tables <= nodes.slots.pte_tables);
     // The per-node busy locks are what spreads the load: one instance in `global`.
     let busy = |w: &WhatIf| {
-        w.lock_waits
-            .iter()
-            .find(|c| c.class.name() == "node_busy_lock")
-            .map(|c| (c.instances, c.wait_ns))
-            .unwrap_or_default()
+        let c = class(w, LockClass::NodeBusyLock);
+        (c.instances, c.wait_ns)
     };
     assert_eq!(busy(&nodes).0, 64);
     assert_eq!(busy(&global).0, 1);
