@@ -49,6 +49,11 @@ pub enum Step {
     /// End of `alloc_vmap_area` within an allocation: the time since the operation's start is
     /// the predicted latency that the trace's `latency` events measure.
     Mark,
+    /// Queue the operation's next `n` [`Op::helpers`], each on a helper worker that starts it
+    /// after the worker latency (`schedule_work_on` of a purge helper).
+    Fork(u32),
+    /// Wait until every helper forked so far has finished (`flush_work`).
+    Join,
 }
 
 /// What an operation is, for the per-operation wait figures.
@@ -60,15 +65,27 @@ pub enum OpKind {
     Purge,
 }
 
-/// One operation: its steps, and whether it queues the drain work when it ends.
+/// One operation: its steps, whether it queues the drain work when it ends, and the helper
+/// operations its [`Step::Fork`]s hand out, in order.
 #[derive(Clone, Debug)]
 pub struct Op {
     pub kind: OpKind,
     pub steps: Vec<Step>,
     pub triggers_drain: bool,
+    pub helpers: Vec<Op>,
 }
 
 impl Op {
+    /// An operation of these steps that queues no drain and forks nothing.
+    pub fn new(kind: OpKind, steps: Vec<Step>) -> Self {
+        Self {
+            kind,
+            steps,
+            triggers_drain: false,
+            helpers: Vec::new(),
+        }
+    }
+
     /// Uncontended duration: every section's hold and every piece of work.
     pub fn service_ns(&self) -> u64 {
         self.steps
@@ -142,6 +159,8 @@ pub const SERIES_POINTS: usize = 500;
 enum ActorKind {
     Cpu,
     Worker,
+    /// A purge helper's kworker: runs one forked operation at a time.
+    Helper,
 }
 
 /// When a pending operation may start.
@@ -168,6 +187,11 @@ struct Running {
     release: Option<LockRef>,
     /// When the actor joined a lock's queue, while it waits.
     waiting_since: Option<u64>,
+    /// Helpers forked and not finished; whether the actor waits for them at a Join.
+    forked: u32,
+    joining: bool,
+    /// The actor that forked this operation (helpers).
+    parent: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -178,6 +202,8 @@ struct Actor {
     scheduled: bool,
     /// End of the last finished operation.
     ready_at: u64,
+    /// Helper actors: the forking actor of each queued operation.
+    parents: VecDeque<usize>,
     /// Trace timestamp and uncontended service of the last operation pushed: the next one's
     /// think time, and, once the stream is idle, the earliest start of an operation not yet
     /// read (`ready_at + (next_ts - last_ts - last_service)`, with `next_ts` at least the last
@@ -191,6 +217,7 @@ impl Actor {
         Self {
             kind,
             pending: VecDeque::new(),
+            parents: VecDeque::new(),
             running: None,
             scheduled: false,
             ready_at: 0,
@@ -333,6 +360,8 @@ pub struct Des {
     pending_ops: u64,
     max_pending: u64,
     spare: Vec<Vec<Step>>,
+    /// Helper actors without work.
+    idle_helpers: Vec<usize>,
     res: DesResult,
     series: Series,
     first_start: Option<u64>,
@@ -369,6 +398,7 @@ impl Des {
             pending_ops: 0,
             max_pending: Self::DEFAULT_MAX_PENDING,
             spare: Vec::new(),
+            idle_helpers: Vec::new(),
             res: DesResult::default(),
             series: Series::new(window_ns.max(1) / 100),
             first_start: None,
@@ -588,6 +618,21 @@ impl Des {
                     self.bump(a);
                     self.release(l, t);
                 }
+                Step::Fork(n) => {
+                    self.bump(a);
+                    self.fork(a, n, t);
+                }
+                Step::Join => {
+                    let Some(run) = self.actors[a].running.as_mut() else {
+                        return;
+                    };
+                    if run.forked > 0 {
+                        // Woken by the last helper's end, which moves past the Join.
+                        run.joining = true;
+                        return;
+                    }
+                    run.idx += 1;
+                }
                 Step::Section { lock, .. } | Step::Acquire(lock) => {
                     let li = lock.0 as usize;
                     debug_assert_ne!(self.locks[li].holder, Some(a), "lock taken twice");
@@ -631,7 +676,10 @@ impl Des {
         let Some(p) = self.actors[a].pending.pop_front() else {
             return false;
         };
-        self.pending_ops -= 1;
+        let parent = self.actors[a].parents.pop_front();
+        if self.actors[a].kind != ActorKind::Helper {
+            self.pending_ops -= 1;
+        }
         if self.actors[a].kind == ActorKind::Cpu {
             self.first_start = Some(self.first_start.map_or(t, |f| f.min(t)));
         }
@@ -641,8 +689,40 @@ impl Des {
             start: t,
             release: None,
             waiting_since: None,
+            forked: 0,
+            joining: false,
+            parent,
         });
         true
+    }
+
+    /// Hands the next `n` helper operations of actor `a`'s operation to helper workers, which
+    /// start them after the worker latency.
+    fn fork(&mut self, a: usize, n: u32, t: u64) {
+        for _ in 0..n {
+            let Some(run) = self.actors[a].running.as_mut() else {
+                return;
+            };
+            if run.op.helpers.is_empty() {
+                return;
+            }
+            let op = run.op.helpers.remove(0);
+            run.forked += 1;
+            let h = match self.idle_helpers.pop() {
+                Some(h) => h,
+                None => {
+                    self.actors.push(Actor::new(ActorKind::Helper));
+                    self.actors.len() - 1
+                }
+            };
+            let helper = &mut self.actors[h];
+            helper.pending.push_back(Pending {
+                op,
+                rule: StartRule::After(0),
+            });
+            helper.parents.push_back(a);
+            self.schedule(h, t + self.worker_latency);
+        }
     }
 
     /// Gives lock `l` to actor `a` at `t`; true when the actor is now holding it for a timed
@@ -736,7 +816,11 @@ impl Des {
         let slot = self.series.slot(t);
         slot.2 += service;
         match run.op.kind {
-            OpKind::Purge => self.res.purge_jobs += 1,
+            OpKind::Purge => {
+                if self.actors[a].kind == ActorKind::Worker {
+                    self.res.purge_jobs += 1;
+                }
+            }
             OpKind::Alloc | OpKind::Free => {
                 slot.0 += 1;
                 self.res.ops += 1;
@@ -751,6 +835,16 @@ impl Des {
                 self.schedule(w, at);
             }
         }
+        if let Some(p) = run.parent {
+            if let Some(pr) = self.actors[p].running.as_mut() {
+                pr.forked -= 1;
+                if pr.forked == 0 && pr.joining {
+                    pr.joining = false;
+                    pr.idx += 1;
+                    self.schedule(p, t);
+                }
+            }
+        }
         let mut steps = run.op.steps;
         steps.clear();
         if self.spare.len() < 1024 {
@@ -758,12 +852,14 @@ impl Des {
         }
         let actor = &mut self.actors[a];
         actor.ready_at = t;
-        if actor.kind == ActorKind::Worker {
-            if let Some(&next) = self.worker_starts.front() {
-                self.schedule(a, next.max(t));
+        match actor.kind {
+            ActorKind::Worker => {
+                if let Some(&next) = self.worker_starts.front() {
+                    self.schedule(a, next.max(t));
+                }
             }
-        } else {
-            self.schedule_start(a);
+            ActorKind::Helper => self.idle_helpers.push(a),
+            ActorKind::Cpu => self.schedule_start(a),
         }
     }
 
@@ -825,6 +921,7 @@ mod tests {
             kind,
             steps,
             triggers_drain: false,
+            helpers: Vec::new(),
         }
     }
 
@@ -940,6 +1037,7 @@ mod tests {
                 kind: OpKind::Free,
                 steps: vec![Step::Work(10)],
                 triggers_drain: true,
+                helpers: Vec::new(),
             },
         );
         // CPU 1 holds the free-tree lock from 100 to 400.
@@ -983,6 +1081,54 @@ mod tests {
         assert_eq!(r.last_end_ns, 1020);
     }
 
+    /// A purge that forks two helpers holds the mutex until both ran: they start after the
+    /// worker latency, queue on the free-tree lock like anyone, and the Join waits for the later.
+    #[test]
+    fn forked_helpers_are_joined_before_the_mutex_is_released() {
+        let mut des = Des::new(1_000_000, 1000, 1);
+        let m = des.lock(LockClass::PurgeMutex, 0);
+        let fa = des.lock(LockClass::FreeAreaLock, 0);
+        let pool = des.lock(LockClass::NodePoolLock, 1);
+        let mut trigger = op(OpKind::Free, vec![Step::Work(10)]);
+        trigger.triggers_drain = true;
+        des.push_op(0, 0, trigger);
+        let helper = |ns| {
+            Op::new(
+                OpKind::Purge,
+                vec![
+                    Step::Section { lock: pool, ns: 5 },
+                    Step::Section { lock: fa, ns },
+                ],
+            )
+        };
+        // Drain starts at 1010; helpers at 2010; the inline part (100 ns) is done by 1110.
+        des.push_job(Op {
+            kind: OpKind::Purge,
+            steps: vec![
+                Step::Acquire(m),
+                Step::Fork(2),
+                Step::Work(100),
+                Step::Join,
+                Step::Release(m),
+            ],
+            triggers_drain: false,
+            helpers: vec![helper(300), helper(200)],
+        });
+        let r = des.finish();
+        // Helper 1: pool 2010-2015, free tree 2015-2315. Helper 2: pool waits until 2015, free
+        // tree waits from 2020 to 2315, holds it until 2515. Join at 2515.
+        let m_w = class(&r, LockClass::PurgeMutex);
+        assert_eq!(m_w.held_ns, 2515 - 1010);
+        let fa_w = class(&r, LockClass::FreeAreaLock);
+        assert_eq!((fa_w.sections, fa_w.wait_ns), (2, 2315 - 2020));
+        let pool_w = class(&r, LockClass::NodePoolLock);
+        assert_eq!((pool_w.sections, pool_w.wait_ns), (2, 5));
+        assert_eq!(fa_w.wait_by_op.purge_ns, fa_w.wait_ns);
+        assert_eq!(r.purge_jobs, 1);
+        // The helpers' work counts: 10 + 100 + (5 + 300) + (5 + 200).
+        assert_eq!(r.work_ns, 620);
+    }
+
     /// A small pseudo-random workload: several CPUs, shared and per-node locks, think times.
     fn workload(des: &mut Des, feed_every: usize) {
         let mut locks: Vec<LockRef> = (0..4)
@@ -1020,6 +1166,7 @@ mod tests {
                     },
                     steps,
                     triggers_drain: i % 500 == 0,
+                    helpers: Vec::new(),
                 },
             );
             if i % 500 == 0 {

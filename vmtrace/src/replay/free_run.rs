@@ -500,6 +500,7 @@ impl Run {
         // alloc_vmap_area: the pool of the CPU's node, the vmap_area object and preload outside
         // any lock, then the free tree and the busy tree of the area's node (§2.4).
         let mut steps = self.des.steps();
+        let mut helpers = Vec::new();
         let mut held = self.emit(&mut steps, LockClass::NodePoolLock);
         steps.push(Step::Work(self.costs.alloc_vmap_area_ns));
         held += self.emit(&mut steps, LockClass::FreeAreaLock);
@@ -507,7 +508,7 @@ impl Run {
         if got.is_err() {
             // The failure path: a full purge at once under the mutex, then one retry without
             // the pools.
-            self.purge_now(a.ctx.ts_ns, true, &mut steps);
+            self.purge_now(a.ctx.ts_ns, true, &mut steps, &mut helpers);
             req.retry = true;
             got = match self.model.alloc(&req) {
                 Ok(g) => g,
@@ -535,6 +536,7 @@ impl Run {
                 kind: OpKind::Alloc,
                 steps,
                 triggers_drain: false,
+                helpers,
             },
         );
         match got {
@@ -594,6 +596,7 @@ impl Run {
                 kind: OpKind::Free,
                 steps,
                 triggers_drain: trigger,
+                helpers: Vec::new(),
             },
         );
         Ok(())
@@ -621,10 +624,11 @@ impl Run {
     fn purge(&mut self, at: u64) {
         self.purge_at = None;
         let mut steps = self.des.steps();
-        self.purge_now(at, false, &mut steps);
+        let mut helpers = Vec::new();
+        self.purge_now(at, false, &mut steps, &mut helpers);
         if self.model.params().variant == Variant::Global {
             while self.model.lazy_pages() > self.model.params().lazy_max_pages {
-                if self.purge_now(at, false, &mut steps) == 0 {
+                if self.purge_now(at, false, &mut steps, &mut helpers) == 0 {
                     break;
                 }
             }
@@ -633,6 +637,7 @@ impl Run {
             kind: OpKind::Purge,
             steps,
             triggers_drain: false,
+            helpers,
         });
     }
 
@@ -640,9 +645,17 @@ impl Run {
     /// §2.4: per node the pool decay (pool lock to detach and re-attach each non-empty pool,
     /// the free-tree lock once for the decayed areas) and the lazy detach; one TLB flush; then
     /// per node with work its objects, a pool-lock section per area pooled and one free-tree
-    /// section for the areas returned. In `global` the free-tree lock is held across the whole
-    /// return loop (§9.3).
-    fn purge_now(&mut self, at: u64, full: bool, steps: &mut Vec<Step>) -> u32 {
+    /// section for the areas returned (`purge_vmap_node`). The first `helpers` nodes with work
+    /// go to helper workers (appended to `helpers`, forked, joined before the mutex is
+    /// released); the caller purges the others inline (§4.3). In `global` the free-tree lock is
+    /// held across the whole return loop (§9.3).
+    fn purge_now(
+        &mut self,
+        at: u64,
+        full: bool,
+        steps: &mut Vec<Step>,
+        helpers: &mut Vec<Op>,
+    ) -> u32 {
         let c = self.costs;
         let variant = self.model.params().variant;
         // Pool lengths before the decay: which pools are non-empty and what the decay takes.
@@ -701,35 +714,51 @@ impl Run {
         if got.npurged > 0 {
             steps.push(Step::Work(c.purge_base_ns));
         }
+        let mut inline = Vec::new();
+        let mut forked = 0u32;
         for (n, &objects) in purged.iter().enumerate() {
             if objects == 0 {
                 continue;
             }
+            let mut node_steps = Vec::new();
             if variant == Variant::Global {
-                steps.push(Step::Section {
+                node_steps.push(Step::Section {
                     lock: self.locks.free_area,
                     ns: c.free_area_lock_ns
                         + (c.merge_per_area_ns + c.purge_per_object_ns) * objects,
                 });
-                continue;
-            }
-            steps.push(Step::Work(c.purge_per_object_ns * objects));
-            let pooled_here = pooled.get(n).copied().unwrap_or(0).min(objects);
-            if let Some(&lock) = self.locks.pool.get(n) {
-                for _ in 0..pooled_here {
-                    steps.push(Step::Section {
-                        lock,
-                        ns: c.pool_lock_ns,
+            } else {
+                node_steps.push(Step::Work(c.purge_per_object_ns * objects));
+                let pooled_here = pooled.get(n).copied().unwrap_or(0).min(objects);
+                if let Some(&lock) = self.locks.pool.get(n) {
+                    for _ in 0..pooled_here {
+                        node_steps.push(Step::Section {
+                            lock,
+                            ns: c.pool_lock_ns,
+                        });
+                    }
+                }
+                let returned = objects - pooled_here;
+                if returned > 0 {
+                    node_steps.push(Step::Section {
+                        lock: self.locks.free_area,
+                        ns: c.free_area_lock_ns + c.merge_per_area_ns * returned,
                     });
                 }
             }
-            let returned = objects - pooled_here;
-            if returned > 0 {
-                steps.push(Step::Section {
-                    lock: self.locks.free_area,
-                    ns: c.free_area_lock_ns + c.merge_per_area_ns * returned,
-                });
+            if forked < got.helpers {
+                forked += 1;
+                helpers.push(Op::new(OpKind::Purge, node_steps));
+            } else {
+                inline.extend(node_steps);
             }
+        }
+        if forked > 0 {
+            steps.push(Step::Fork(forked));
+        }
+        steps.extend(inline);
+        if forked > 0 {
+            steps.push(Step::Join);
         }
         steps.push(Step::Release(self.locks.purge));
         self.sync_prev();
