@@ -847,7 +847,9 @@ impl Des {
         }
         let mut steps = run.op.steps;
         steps.clear();
-        if self.spare.len() < 1024 {
+        // Only small lists come back: a purge's long one would sit in every pending operation
+        // that reused it.
+        if self.spare.len() < 1024 && steps.capacity() <= 16 {
             self.spare.push(steps);
         }
         let actor = &mut self.actors[a];
