@@ -987,6 +987,7 @@ mod tests {
         )
         .expect("fit");
         let f = fit.fitted;
+        eprintln!("fitted after {} simulations: {f:?}", fit.rounds.len());
         assert!(fit.converged, "{fit:#?}");
         let near = |got: u64, want: u64, tol: f64| (got as f64 / want as f64 - 1.0).abs() <= tol;
         assert!(near(f.free_area_lock_ns, 600, 0.1), "{f:?}");
