@@ -138,3 +138,144 @@ fn global_waits_more_and_capped_pools_need_no_more_page_tables() {
     assert_eq!(busy(&global).0, 1);
     assert!(busy(&global).1 > 100 * busy(&nodes).1.max(1));
 }
+
+/// A small synthetic trace with `contention` and `latency` events appended before its footer,
+/// as a recording with the `lock_waits` and `alloc_latency` probes would carry them.
+fn observed_trace() -> Vec<u8> {
+    let p = SynthParams {
+        mask: 1,
+        threads: 16,
+        cpus: 4,
+        loops: 100,
+        seed: 2,
+        ..SynthParams::default()
+    };
+    let mut out = Vec::new();
+    generate(&p, vec!["vmtrace".into(), "synth".into()], &mut out).expect("generation");
+    let text = String::from_utf8(out).expect("utf8");
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let footer = lines.pop().expect("footer");
+    let ctx = r#""ts_ns":2000000000,"cpu":1,"tgid":7,"pid":7,"comm":"vmalloc_test/0""#;
+    for (class, wait) in [
+        ("free_area_lock", 900),
+        ("free_area_lock", 1500),
+        ("node_busy_lock", 70),
+    ] {
+        lines.push(format!(
+            r#"{{"type":"contention",{ctx},"lock":"0xffffffff82a0b000","flags":1,"wait_ns":{wait},"ret":0,"class":"{class}","node":null,"stack_id":-1,"stack":[]}}"#
+        ));
+    }
+    lines.push(format!(
+        r#"{{"type":"latency",{ctx},"function":"alloc_vmap_area","start_ns":1999999000,"latency_ns":2500}}"#
+    ));
+    lines.push(footer);
+    (lines.join("\n") + "\n").into_bytes()
+}
+
+/// Observed contention per lock class stands beside the prediction in the what-if report.
+#[test]
+fn observed_contention_is_reported_beside_the_prediction() {
+    let bytes = observed_trace();
+    let w = free_run(
+        &bytes[..],
+        &ReplayOptions::default(),
+        &FreeRunOptions::default(),
+    )
+    .expect("free-running replay");
+    let obs = &w.observed.contention;
+    assert_eq!(obs.len(), 2, "{obs:?}");
+    assert_eq!(obs[0].class, LockClass::FreeAreaLock);
+    assert_eq!((obs[0].count, obs[0].wait_ns), (2, 2400));
+    // 900 ns and 1500 ns fall in the 1024 and 2048 ns buckets.
+    let buckets: Vec<(u64, u64)> = obs[0]
+        .wait_histogram
+        .iter()
+        .map(|b| (b.le_ns, b.count))
+        .collect();
+    assert_eq!(buckets, vec![(1024, 1), (2048, 1)]);
+    assert_eq!(obs[1].class, LockClass::NodeBusyLock);
+    assert_eq!((w.observed.latency_count, w.observed.latency_ns), (1, 2500));
+    let text = vmtrace::replay::render_comparison(std::slice::from_ref(&w));
+    assert!(
+        text.contains("observed contention (trace) beside predicted waits"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("free_area_lock") && l.contains("2 / 0.002"))
+        .unwrap_or_else(|| panic!("no observed free_area_lock line:\n{text}"));
+    let predicted = class(&w, LockClass::FreeAreaLock);
+    assert!(
+        line.contains(&format!("{} / ", predicted.waits)),
+        "{line} lacks the predicted {predicted:?}"
+    );
+    assert!(text.contains("alloc_vmap_area latency, mean: observed 2500 ns (1 events)"));
+}
+
+/// `--cost` reaches the simulation, a bad one is refused with the names, and `--fit-costs`
+/// prints what it fitted (text) or adds `cost_fit` (JSON).
+#[test]
+fn cli_costs_and_fitting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.jsonl");
+    std::fs::write(&path, observed_trace()).expect("write");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+            .arg("replay")
+            .arg(&path)
+            .args(args)
+            .output()
+            .expect("run vmtrace")
+    };
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let base = json(&run(&["--free-running", "--json"]));
+    let slow = json(&run(&[
+        "--free-running",
+        "--json",
+        "--cost",
+        "free_area_lock_ns=2000",
+    ]));
+    let fa = |v: &serde_json::Value| v["what_if"][0]["costs"]["free_area_lock_ns"].as_u64();
+    assert_eq!(fa(&base), Some(250));
+    assert_eq!(fa(&slow), Some(2000));
+    let wait = |v: &serde_json::Value| v["what_if"][0]["wait_ns"].as_u64().expect("wait_ns");
+    assert!(
+        wait(&slow) > wait(&base),
+        "{} vs {}",
+        wait(&slow),
+        wait(&base)
+    );
+
+    let bad = run(&["--free-running", "--cost", "free_area_ns=3"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("unknown cost `free_area_ns`") && err.contains("free_area_lock_ns"),
+        "{err}"
+    );
+
+    let fitted = json(&run(&["--fit-costs", "--json"]));
+    let fit = &fitted["cost_fit"];
+    assert!(
+        fit["rounds"].as_array().is_some_and(|r| !r.is_empty()),
+        "{fit}"
+    );
+    assert_eq!(fit["rounds"][0]["classes"][0]["class"], "free_area_lock");
+    assert_eq!(fit["rounds"][0]["classes"][0]["observed_wait_ns"], 2400);
+    // The comparison ran with the fitted costs.
+    assert_eq!(fitted["what_if"][0]["costs"], fit["fitted"]);
+    let text = run(&["--fit-costs"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("cost fit (variant nodes"), "{text}");
+    assert!(
+        text.contains("not fitted (no contention observed): node_lazy_lock"),
+        "{text}"
+    );
+}
