@@ -150,6 +150,9 @@ pub struct DesResult {
     /// Operations started later than their stream asked, because the pending cap forced the
     /// simulation ahead or the trace's timestamps went backwards.
     pub late_starts: u64,
+    /// Operations still queued or blocked when the input ended (a lock never released): 0
+    /// unless the steps were inconsistent.
+    pub unfinished_ops: u64,
 }
 
 /// Upper bound of the series' length.
@@ -866,6 +869,11 @@ impl Des {
     }
 
     fn collect(mut self) -> DesResult {
+        self.res.unfinished_ops = self
+            .actors
+            .iter()
+            .map(|a| a.pending.len() as u64 + u64::from(a.running.is_some()))
+            .sum();
         // Close the utilisation windows still open.
         for lock in &self.locks {
             if lock.used {
@@ -973,7 +981,23 @@ mod tests {
             }]
         );
         assert!((c.max_utilisation - 0.01).abs() < 1e-9, "{c:?}");
-        assert_eq!(r.late_starts, 0);
+        assert_eq!((r.late_starts, r.unfinished_ops), (0, 0));
+    }
+
+    /// A lock taken and never released leaves its waiters unfinished, and the result says so.
+    #[test]
+    fn a_lock_never_released_is_reported() {
+        let mut des = Des::new(1_000_000, 0, 2);
+        let m = des.lock(LockClass::PurgeMutex, 0);
+        des.push_op(0, 0, op(OpKind::Alloc, vec![Step::Acquire(m)]));
+        des.push_op(
+            1,
+            10,
+            op(OpKind::Alloc, vec![Step::Acquire(m), Step::Release(m)]),
+        );
+        des.push_op(1, 20, op(OpKind::Alloc, vec![Step::Work(5)]));
+        let r = des.finish();
+        assert_eq!((r.ops, r.unfinished_ops), (1, 2));
     }
 
     /// Think time stays fixed: CPU 1 waits 100 ns once, its stream then runs 100 ns behind

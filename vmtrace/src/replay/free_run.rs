@@ -121,6 +121,8 @@ pub struct WhatIf {
     /// Operations the simulation had to start later than their stream asked (pending cap,
     /// timestamps going backwards); 0 in a faithful run.
     pub late_starts: u64,
+    /// Operations the simulation could not finish (inconsistent steps); always 0 unless a bug.
+    pub unfinished_ops: u64,
 }
 
 /// Replays `input` free-running with `opts.variant`.
@@ -827,6 +829,7 @@ impl Run {
             costs: self.costs,
             peak_pending_ops: sim.peak_pending_ops,
             late_starts: sim.late_starts,
+            unfinished_ops: sim.unfinished_ops,
         }
     }
 }
@@ -906,7 +909,7 @@ mod tests {
             }
             assert!(w.purges > 0, "{variant:?}");
             failure_paths += w.alloc_failures;
-            assert_eq!(w.late_starts, 0);
+            assert_eq!((w.late_starts, w.unfinished_ops), (0, 0));
             let waited: u64 = w.lock_waits.iter().map(|c| c.wait_ns).sum();
             assert_eq!(waited, w.wait_ns);
             assert!(w.makespan_ns >= w.duration_ns, "waits only stretch");

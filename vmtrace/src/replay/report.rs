@@ -214,10 +214,12 @@ pub fn render_comparison(w: &[WhatIf]) -> String {
             v.makespan_ns as f64 / 1e6,
             v.cpus,
             v.frees_unknown,
-            if v.late_starts > 0 {
-                format!("; {} operations started late (pending cap)", v.late_starts)
-            } else {
-                String::new()
+            match (v.late_starts, v.unfinished_ops) {
+                (0, 0) => String::new(),
+                (l, 0) => format!("; {l} operations started late (pending cap)"),
+                (l, u) => format!(
+                    "; {l} operations started late, {u} never finished (a simulation bug)"
+                ),
             }
         );
         for c in &v.lock_waits {
