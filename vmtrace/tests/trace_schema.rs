@@ -1116,7 +1116,7 @@ fn unknown_versions_and_formats_are_refused() {
     h.version = VERSION + 1;
     let bytes = write_trace(&[Record::Header(Box::new(h))]);
     match TraceReader::new(&bytes[..]).read_header() {
-        Err(e @ ReadError::UnsupportedVersion { found }) => {
+        Err(e @ ReadError::UnsupportedVersion { found, .. }) => {
             assert_eq!(found, VERSION + 1);
             assert_eq!(e.line(), 1);
         }
@@ -1124,21 +1124,21 @@ fn unknown_versions_and_formats_are_refused() {
     }
     assert!(matches!(
         read_all(&bytes).first(),
-        Some(Err(ReadError::UnsupportedVersion { found: 2 }))
+        Some(Err(ReadError::UnsupportedVersion { found: 2, .. }))
     ));
     let mut h = header();
     h.version = 0;
     let bytes = write_trace(&[Record::Header(Box::new(h))]);
     assert!(matches!(
         TraceReader::new(&bytes[..]).read_header(),
-        Err(ReadError::UnsupportedVersion { found: 0 })
+        Err(ReadError::UnsupportedVersion { found: 0, .. })
     ));
 
     let mut h = header();
     h.format = "perf-script".into();
     let bytes = write_trace(&[Record::Header(Box::new(h))]);
     match TraceReader::new(&bytes[..]).read_header() {
-        Err(ReadError::WrongFormat { found }) => assert_eq!(found, "perf-script"),
+        Err(ReadError::WrongFormat { found, .. }) => assert_eq!(found, "perf-script"),
         other => panic!("expected WrongFormat, got {other:?}"),
     }
 }

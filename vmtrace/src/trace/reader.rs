@@ -23,10 +23,11 @@ pub enum ReadError {
     },
     #[error("line {line}: the first record must be a header, found `{found}`")]
     NoHeader { line: usize, found: String },
-    #[error("line 1: format `{found}` is not a vmtrace trace (expected `{FORMAT}`)")]
-    WrongFormat { found: String },
-    #[error("line 1: trace format version {found} is not supported (this vmtrace reads version {VERSION})")]
-    UnsupportedVersion { found: u32 },
+    /// `line` is the header's: 1, unless blank lines come first.
+    #[error("line {line}: format `{found}` is not a vmtrace trace (expected `{FORMAT}`)")]
+    WrongFormat { line: usize, found: String },
+    #[error("line {line}: trace format version {found} is not supported (this vmtrace reads version {VERSION})")]
+    UnsupportedVersion { line: usize, found: u32 },
     #[error("line {line}: the last line is incomplete (the recording was cut short)")]
     Truncated { line: usize },
 }
@@ -37,8 +38,9 @@ impl ReadError {
             ReadError::Io { line, .. }
             | ReadError::Json { line, .. }
             | ReadError::NoHeader { line, .. }
-            | ReadError::Truncated { line } => *line,
-            ReadError::WrongFormat { .. } | ReadError::UnsupportedVersion { .. } => 1,
+            | ReadError::Truncated { line }
+            | ReadError::WrongFormat { line, .. }
+            | ReadError::UnsupportedVersion { line, .. } => *line,
         }
     }
 }
@@ -50,7 +52,10 @@ impl ReadError {
 pub struct TraceReader<R: BufRead> {
     input: R,
     line: usize,
-    buf: String,
+    /// The current line's bytes, reused from line to line. Bytes rather than a `String`, so
+    /// that a line that is not UTF-8 is an error of that line and is still counted: with
+    /// `read_line` it was consumed uncounted, and every later line number was one short.
+    buf: Vec<u8>,
     header_seen: bool,
 }
 
@@ -59,7 +64,7 @@ impl<R: BufRead> TraceReader<R> {
         Self {
             input,
             line: 0,
-            buf: String::new(),
+            buf: Vec::new(),
             header_seen: false,
         }
     }
@@ -88,7 +93,7 @@ impl<R: BufRead> TraceReader<R> {
     fn next_record(&mut self) -> Option<Result<Record, ReadError>> {
         loop {
             self.buf.clear();
-            let n = match self.input.read_line(&mut self.buf) {
+            let n = match self.input.read_until(b'\n', &mut self.buf) {
                 Ok(n) => n,
                 Err(source) => {
                     return Some(Err(ReadError::Io {
@@ -101,15 +106,28 @@ impl<R: BufRead> TraceReader<R> {
                 return None;
             }
             self.line += 1;
-            let complete = self.buf.ends_with('\n');
-            let text = self.buf.trim();
+            let complete = self.buf.ends_with(b"\n");
+            let text = match std::str::from_utf8(&self.buf) {
+                Ok(text) => text.trim(),
+                // A recording cut short can end inside a multi-byte character.
+                Err(_) if !complete => return Some(Err(ReadError::Truncated { line: self.line })),
+                Err(e) => {
+                    return Some(Err(ReadError::Io {
+                        line: self.line,
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("not valid UTF-8 at byte {}", e.valid_up_to() + 1),
+                        ),
+                    }))
+                }
+            };
             if text.is_empty() {
                 continue;
             }
             if !self.header_seen {
                 // Check format and version before the full parse, so a future header with other
                 // fields is refused for its version, not as malformed JSON.
-                if let Some(e) = check_identity(text) {
+                if let Some(e) = check_identity(text, self.line) {
                     return Some(Err(e));
                 }
             }
@@ -132,11 +150,15 @@ impl<R: BufRead> TraceReader<R> {
                     Record::Header(h) => {
                         if h.format != FORMAT {
                             return Some(Err(ReadError::WrongFormat {
+                                line: self.line,
                                 found: h.format.clone(),
                             }));
                         }
                         if h.version != VERSION {
-                            return Some(Err(ReadError::UnsupportedVersion { found: h.version }));
+                            return Some(Err(ReadError::UnsupportedVersion {
+                                line: self.line,
+                                found: h.version,
+                            }));
                         }
                         self.header_seen = true;
                     }
@@ -208,10 +230,14 @@ fn parse_hot(text: &str) -> Option<Record> {
 
 /// Declares a flat mirror of an event record: the `type` tag (declared so that a second one is
 /// a duplicate-field error, which sends the line to the general path), the `Ctx` fields, and
-/// the record's own fields.
+/// the record's own fields. A record of a later format version with more fields is therefore
+/// read correctly, only more slowly.
 macro_rules! hot_record {
     ($name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+        // Unknown fields go to the general path: it refuses some values that `IgnoredAny`
+        // would skip (a float out of range, say), and the fast path must not accept more.
         #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
         struct $name {
             #[serde(rename = "type")]
             _kind: IgnoredAny,
@@ -257,7 +283,7 @@ hot_record!(HotPurge {
 });
 
 /// `Some(error)` when the first line is a header of another format or version.
-fn check_identity(text: &str) -> Option<ReadError> {
+fn check_identity(text: &str, line: usize) -> Option<ReadError> {
     #[derive(serde::Deserialize)]
     struct Identity {
         #[serde(rename = "type")]
@@ -270,8 +296,8 @@ fn check_identity(text: &str) -> Option<ReadError> {
         return None;
     }
     match (id.format, id.version) {
-        (Some(f), _) if f != FORMAT => Some(ReadError::WrongFormat { found: f }),
-        (_, Some(v)) if v != VERSION => Some(ReadError::UnsupportedVersion { found: v }),
+        (Some(f), _) if f != FORMAT => Some(ReadError::WrongFormat { line, found: f }),
+        (_, Some(v)) if v != VERSION => Some(ReadError::UnsupportedVersion { line, found: v }),
         _ => None,
     }
 }
