@@ -1,6 +1,7 @@
-//! Pieces of the live pipeline shared by `vmtrace top` and `vmtrace serve`: turning ring-buffer
-//! items into trace records with contention stacks resolved to lock classes, exactly as
-//! `vmtrace record` writes them, so every consumer counts the same events the same way.
+//! Pieces of the live pipeline shared by `vmtrace top`, `vmtrace record` and `vmtrace serve`:
+//! turning ring-buffer items into trace records with contention stacks resolved to lock classes,
+//! exactly as `vmtrace record` writes them, so every consumer counts the same events the same
+//! way.
 
 use std::collections::HashMap;
 
@@ -16,10 +17,29 @@ pub fn drain(
     probes: &LoadedProbes,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
-    mut push: impl FnMut(Record),
+    push: impl FnMut(Record),
 ) -> u64 {
+    drain_at_most(ring, probes, classifier, stacks, usize::MAX, push).1
+}
+
+/// [`drain`], stopping after `max` ring records, so a reader that holds what it drains can bound
+/// what it holds: the rest waits in the ring buffer, whose memory is already paid for. Returns
+/// the records taken (decodable or not) and how many of them could not be decoded.
+pub fn drain_at_most(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    probes: &LoadedProbes,
+    classifier: &mut Classifier,
+    stacks: &mut HashMap<i64, Vec<String>>,
+    max: usize,
+    mut push: impl FnMut(Record),
+) -> (usize, u64) {
+    let mut taken = 0;
     let mut undecodable = 0;
-    while let Some(item) = ring.next() {
+    while taken < max {
+        let Some(item) = ring.next() else {
+            break;
+        };
+        taken += 1;
         let Some(mut rec) = decode(&item) else {
             undecodable += 1;
             continue;
@@ -37,5 +57,5 @@ pub fn drain(
         }
         push(rec);
     }
-    undecodable
+    (taken, undecodable)
 }

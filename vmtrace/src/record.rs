@@ -111,14 +111,35 @@ impl Reorder {
     }
 
     /// Events held.
-    pub fn len(&self) -> usize {
+    fn held(&self) -> usize {
         self.queue.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+    /// The latest timestamp held.
+    fn newest_ts(&self) -> Option<u64> {
+        self.queue.back().map(|p| p.ts)
+    }
+
+    /// Gives back the memory a burst left behind (a deque keeps its largest capacity), so a
+    /// long-running reader's footprint returns to what its steady rate needs. True when it
+    /// shrank.
+    fn shrink(&mut self) -> bool {
+        let cap = self.queue.capacity();
+        if cap > 16 * 1024 && self.queue.len() < cap / 8 {
+            self.queue.shrink_to(self.queue.len() * 2);
+            return true;
+        }
+        false
     }
 }
+
+/// At most this many events wait in the reorder buffer; the rest wait in the ring buffer. At
+/// about 160 bytes an event this bounds the buffer near 10 MiB, and it is 25 times what the
+/// 50 ms window holds at the fastest rate `stress fix-size` reaches here (about 50,000 events
+/// per second). Without it a reader that stalled (a slow disk, a stopped process) moved the
+/// whole ring into memory at once: a 3 s stall of `serve --record` under stress grew its heap
+/// by 43 MiB, for good.
+const MAX_HELD: usize = 1 << 16;
 
 /// From the ring buffer to trace records in time order: decoding, contention stacks resolved to
 /// lock classes (through [`crate::live::drain`], as `top` and `serve` count them), work-item
@@ -147,14 +168,15 @@ impl Pipeline {
         }
     }
 
-    /// Moves everything currently in the ring buffer into the reorder buffer; `observe` sees
-    /// each record first, in arrival order.
+    /// Moves what is in the ring buffer into the reorder buffer, until it holds [`MAX_HELD`]
+    /// events; `observe` sees each record first, in arrival order. Returns true when it
+    /// stopped at that bound, so the ring may hold more (see [`pump`]).
     pub fn drain(
         &mut self,
         ring: &mut RingBuf<MapData>,
         probes: &LoadedProbes,
         mut observe: impl FnMut(&Record),
-    ) {
+    ) -> bool {
         let Pipeline {
             reorder,
             classifier,
@@ -162,22 +184,32 @@ impl Pipeline {
             keep,
             ..
         } = self;
-        let undecodable = crate::live::drain(ring, probes, classifier, stacks, |mut rec| {
-            observe(&rec);
-            if !*keep {
-                return;
-            }
-            if let Record::Work(w) = &mut rec {
-                w.function = probes
-                    .ksyms
-                    .as_ref()
-                    .and_then(|k| k.resolve(w.function_addr.0))
-                    .map(|(s, _)| s.name.clone())
-                    .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
-            }
-            reorder.push(rec);
-        });
+        let room = if *keep {
+            MAX_HELD.saturating_sub(reorder.held())
+        } else {
+            usize::MAX
+        };
+        if room == 0 {
+            return true;
+        }
+        let (taken, undecodable) =
+            crate::live::drain_at_most(ring, probes, classifier, stacks, room, |mut rec| {
+                observe(&rec);
+                if !*keep {
+                    return;
+                }
+                if let Record::Work(w) = &mut rec {
+                    w.function = probes
+                        .ksyms
+                        .as_ref()
+                        .and_then(|k| k.resolve(w.function_addr.0))
+                        .map(|(s, _)| s.name.clone())
+                        .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
+                }
+                reorder.push(rec);
+            });
         self.undecodable += undecodable;
+        taken == room
     }
 
     /// Adds a record that did not come from the ring buffer (a meminfo or allocinfo sample).
@@ -205,6 +237,59 @@ impl Pipeline {
     pub fn stop_keeping(&mut self) {
         self.keep = false;
         self.reorder = Reorder::default();
+    }
+}
+
+/// Drains the ring buffer and has `write` take every event below `watermark` from the
+/// pipeline's reorder buffer, in as many rounds as the [`MAX_HELD`] bound needs. While the ring
+/// still holds more, a round only releases events older than the newest one held by the reorder
+/// window, so the events still in the ring (later in reservation order) cannot be written out of
+/// order by a round boundary. `observe` sees every record drained, as in [`Pipeline::drain`].
+pub fn pump<E>(
+    pipeline: &mut Pipeline,
+    ring: &mut RingBuf<MapData>,
+    probes: &LoadedProbes,
+    watermark: u64,
+    mut observe: impl FnMut(&Record),
+    mut write: impl FnMut(&mut Pipeline, u64) -> Result<(), E>,
+) -> Result<(), E> {
+    loop {
+        let more = pipeline.drain(ring, probes, &mut observe);
+        let held = pipeline.reorder.held();
+        if !more {
+            write(pipeline, watermark)?;
+            break;
+        }
+        let newest = pipeline.reorder.newest_ts().unwrap_or(0);
+        write(
+            pipeline,
+            watermark.min(newest.saturating_sub(REORDER_WINDOW_NS)),
+        )?;
+        if pipeline.reorder.held() == held {
+            // Everything held lies within one window of the newest (over a million events a
+            // second): release by the caller's watermark alone rather than stop.
+            write(pipeline, watermark)?;
+            if pipeline.reorder.held() == held {
+                break;
+            }
+        }
+    }
+    if pipeline.reorder.shrink() {
+        release_free_heap();
+    }
+    Ok(())
+}
+
+/// Returns the heap pages a burst freed to the kernel. glibc keeps freed memory in its arenas
+/// (the deque's buffer and the events' small strings lie in the middle of the heap, where
+/// `free` cannot shrink it), so without this a daemon's RSS keeps the height of its largest
+/// burst for good; `malloc_trim` also releases whole free pages inside the heap. Called only
+/// after a burst, so its walk over the heap costs nothing in the steady state.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the kernel; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -670,9 +755,11 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             _ = flush_tick.tick() => {
-                pipeline.drain(ring.get_mut(), &probes, |_| {});
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
-                emit(&mut pipeline.reorder, watermark, &mut file).context("writing the trace")?;
+                pump(&mut pipeline, ring.get_mut(), &probes, watermark, |_| {}, |p, w| {
+                    emit(&mut p.reorder, w, &mut file)
+                })
+                .context("writing the trace")?;
                 file.flush().context("writing the trace")?;
             }
             _ = sleep_until(deadline) => break StopReason::Duration,
@@ -700,8 +787,15 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         sample_allocinfo(&mut pipeline, &args.allocinfo_path);
     }
     probes.detach();
-    pipeline.drain(ring.get_mut(), &probes, |_| {});
-    emit(&mut pipeline.reorder, u64::MAX, &mut file).context("writing the trace")?;
+    pump(
+        &mut pipeline,
+        ring.get_mut(),
+        &probes,
+        u64::MAX,
+        |_| {},
+        |p, w| emit(&mut p.reorder, w, &mut file),
+    )
+    .context("writing the trace")?;
     let counters = ProbeCounters::read(&probes)?;
     let mut footer = footer(
         reason,

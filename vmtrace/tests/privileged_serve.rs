@@ -110,6 +110,25 @@ fn scalar(prom: SocketAddr, q: &str) -> Option<f64> {
         .ok()
 }
 
+/// Runs `vmtrace stress fix-size --loops N` to the end; the operations it reports.
+fn stress(loops: u32) -> u64 {
+    let out = Command::new(BIN)
+        .args([
+            "stress",
+            "fix-size",
+            "--loops",
+            &loops.to_string(),
+            "--json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("stress runs");
+    assert!(out.status.success(), "stress failed");
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stress --json prints JSON");
+    report["total_ops"].as_u64().expect("total_ops")
+}
+
 fn start_prometheus(dir: &Path, target: SocketAddr, port: u16) -> Guard {
     let config = dir.join("prometheus.yml");
     std::fs::write(
@@ -195,15 +214,7 @@ fn serve_is_scraped_by_prometheus_while_stress_runs() {
         }
         held.push(s);
     }
-    let stress = Command::new(BIN)
-        .args(["stress", "fix-size", "--loops", "3000", "--json"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("stress runs");
-    assert!(stress.status.success(), "stress failed");
-    let report: serde_json::Value =
-        serde_json::from_slice(&stress.stdout).expect("stress --json prints JSON");
-    let ops = report["total_ops"].as_f64().expect("total_ops");
+    let ops = stress(3000) as f64;
 
     let t = Instant::now();
     let (status, body) = get(serve_addr, "/metrics", Duration::from_secs(2)).expect("/metrics");
@@ -336,15 +347,7 @@ fn serve_record_rotates_standalone_trace_files() {
     wait_for("/healthz", Duration::from_secs(30), || {
         matches!(get(addr, "/healthz", Duration::from_secs(1)), Ok((200, _)))
     });
-    let stress = Command::new(BIN)
-        .args(["stress", "fix-size", "--loops", "3000", "--json"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("stress runs");
-    assert!(stress.status.success(), "stress failed");
-    let report: serde_json::Value =
-        serde_json::from_slice(&stress.stdout).expect("stress --json prints JSON");
-    let ops = report["total_ops"].as_u64().expect("total_ops");
+    let ops = stress(3000);
     let (status, _) = get(addr, "/healthz", Duration::from_secs(2)).expect("/healthz");
     assert_eq!(status, 200, "unhealthy while recording");
     let text = stop(&mut serve, &log);
@@ -447,4 +450,89 @@ fn serve_record_rotates_standalone_trace_files() {
         allocs >= ops,
         "{allocs} allocations recorded, {ops} stress ops"
     );
+}
+
+/// A memory figure of a process from /proc/PID/status, in KiB: `RssAnon` is its heap without
+/// the ring buffer's shared mapping, `VmHWM` the peak of its whole RSS.
+fn status_kib(pid: i32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// A daemon that stalls (a slow disk, a stopped process) must not then move the whole ring
+/// buffer into its heap: `serve --record` is stopped while `stress fix-size --loops 150000` runs
+/// to the end (300,000 events, about 32 MiB of ring buffer). Its peak RSS may then grow by the
+/// reorder bound (about 10 MiB) but not by the backlog (about 45 MiB), and its heap must come
+/// back down afterwards: before the bound and the trim, a 3 s stall under stress grew it by
+/// 43 MiB for good. The files stay complete and in time order.
+#[test]
+fn a_stalled_serve_record_holds_a_bounded_backlog() {
+    if !privileged() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("traces");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let log = tmp.path().join("serve.log");
+    let mut serve = Guard(Some(
+        Command::new(BIN)
+            .args(["serve", "--listen", &addr.to_string(), "--record"])
+            .arg(&dir)
+            .args(["--keep", "0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("vmtrace serve starts"),
+    ));
+    wait_for("/healthz", Duration::from_secs(30), || {
+        matches!(get(addr, "/healthz", Duration::from_secs(1)), Ok((200, _)))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let before = status_kib(serve.pid(), "RssAnon:");
+    let peak_before = status_kib(serve.pid(), "VmHWM:");
+    // SAFETY: kill on our own child's pid.
+    assert_eq!(unsafe { libc::kill(serve.pid(), libc::SIGSTOP) }, 0);
+    let ops = stress(150_000);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(serve.pid(), libc::SIGCONT) }, 0);
+    // The backlog is drained and written at the next ticks.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = status_kib(serve.pid(), "RssAnon:");
+    let peak = status_kib(serve.pid(), "VmHWM:");
+    let text = stop(&mut serve, &log);
+    eprintln!(
+        "serve --record stopped through {ops} stress ops: RssAnon {before} KiB before, {after} \
+         KiB after; peak RSS {peak_before} KiB before, {peak} KiB after"
+    );
+    assert!(
+        peak < peak_before + 24 * 1024,
+        "the peak RSS grew from {peak_before} KiB to {peak} KiB: the ring's backlog went into memory"
+    );
+    assert!(
+        after < before + 12 * 1024,
+        "the heap grew from {before} KiB to {after} KiB for good after a stall"
+    );
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("trace directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no trace file; log: {text}");
+    for path in &files {
+        let lines = lines(path);
+        let footer = lines.last().expect("lines");
+        assert_eq!(footer["type"], "footer", "{}", path.display());
+        assert_eq!(footer["lost_total"], 0, "{}: events lost", path.display());
+        assert_eq!(
+            footer["late_events"],
+            0,
+            "{}: written out of order",
+            path.display()
+        );
+    }
 }

@@ -214,8 +214,9 @@ pub struct Rotating {
     stamp: String,
     seq: u32,
     current: Current,
-    /// The previous file's fsync, done off the event thread.
-    syncing: Option<std::thread::JoinHandle<()>>,
+    /// Closed files go to this thread to be fsynced off the event thread (started at the
+    /// first rotation).
+    fsync: Option<Fsync>,
     /// Files closed by rotation so far.
     pub rotations: u64,
 }
@@ -252,7 +253,7 @@ impl Rotating {
                 base: counters,
                 late_base: late,
             },
-            syncing: None,
+            fsync: None,
             rotations: 0,
         };
         r.prune()?;
@@ -262,11 +263,6 @@ impl Rotating {
     /// The file being written.
     pub fn current_path(&self) -> &Path {
         &self.current.path
-    }
-
-    /// The list of areas the next file will start from.
-    pub fn areas(&self) -> &LiveAreas {
-        &self.areas
     }
 
     /// Writes every held event below `watermark`, starting a new file whenever the current one
@@ -314,17 +310,13 @@ impl Rotating {
         };
         let old = std::mem::replace(&mut self.current, next);
         let closed = close(old, StopReason::Rotated, late, &counters)?;
-        // fsync off the event thread: a slow disk must not stall event processing. One at a
-        // time, so a disk slower than the event rate cannot pile up threads.
-        if let Some(h) = self.syncing.take() {
-            let _ = h.join();
+        if self.fsync.is_none() {
+            self.fsync = Fsync::start();
         }
-        self.syncing = std::thread::Builder::new()
-            .name("vmtrace-fsync".into())
-            .spawn(move || {
-                let _ = closed.sync_data();
-            })
-            .ok();
+        match &self.fsync {
+            Some(f) => f.sync(closed),
+            None => drop(closed),
+        }
         self.rotations += 1;
         self.prune()?;
         Ok(())
@@ -337,8 +329,8 @@ impl Rotating {
         late: u64,
         counters: &ProbeCounters,
     ) -> anyhow::Result<PathBuf> {
-        if let Some(h) = self.syncing.take() {
-            let _ = h.join();
+        if let Some(f) = self.fsync.take() {
+            f.finish();
         }
         let path = self.current.path.clone();
         let f = close(self.current, reason, late, counters)?;
@@ -375,6 +367,43 @@ impl Rotating {
             }
         }
         Ok(())
+    }
+}
+
+/// A thread that fsyncs closed files, so a rotation never waits for the disk on the event
+/// thread. It takes one file at a time and one waiting: a disk slower than the rotations gets
+/// the later files closed without an fsync (the kernel writes them back anyway) rather than a
+/// growing queue or a stalled event thread.
+struct Fsync {
+    tx: std::sync::mpsc::SyncSender<File>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Fsync {
+    fn start() -> Option<Self> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<File>(1);
+        let thread = std::thread::Builder::new()
+            .name("vmtrace-fsync".into())
+            .spawn(move || {
+                for f in rx {
+                    let _ = f.sync_data();
+                }
+            })
+            .map_err(|e| log::warn!("no fsync thread, closed files are not synced: {e}"))
+            .ok()?;
+        Some(Fsync { tx, thread })
+    }
+
+    fn sync(&self, f: File) {
+        if self.tx.try_send(f).is_err() {
+            log::debug!("fsync thread busy; a closed trace file is left to writeback");
+        }
+    }
+
+    /// Waits for the pending fsyncs (at shutdown).
+    fn finish(self) {
+        drop(self.tx);
+        let _ = self.thread.join();
     }
 }
 

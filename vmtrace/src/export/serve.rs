@@ -397,9 +397,15 @@ async fn events(
                 pipeline.bound_stack_cache(MAX_STACKS);
                 if let Some(r) = rotating.as_mut() {
                     let watermark = system::boottime_ns().saturating_sub(record::REORDER_WINDOW_NS);
-                    let written = r
-                        .emit(&mut pipeline, watermark, &mut || ProbeCounters::read(&probes))
-                        .and_then(|()| r.flush());
+                    let written = record::pump(
+                        &mut pipeline,
+                        ring.get_mut(),
+                        &probes,
+                        watermark,
+                        observe,
+                        |p, w| r.emit(p, w, &mut || ProbeCounters::read(&probes)),
+                    )
+                    .and_then(|()| r.flush());
                     if let Err(e) = written {
                         stop_recording(&mut rotating, &mut pipeline, &config.record_error, e);
                     }
@@ -416,21 +422,30 @@ async fn events(
     // No event is produced after the detach; what is left in the ring is still counted and
     // written.
     probes.detach();
-    pipeline.drain(ring.get_mut(), &probes, observe);
-    slow_work(&probes, &mut pipeline);
     let mut last = None;
-    if let Some(mut r) = rotating {
-        let closed = r
-            .emit(&mut pipeline, u64::MAX, &mut || {
-                ProbeCounters::read(&probes)
-            })
+    match rotating {
+        None => {
+            pipeline.drain(ring.get_mut(), &probes, observe);
+            slow_work(&probes, &mut pipeline);
+        }
+        Some(mut r) => {
+            slow_work(&probes, &mut pipeline);
+            let closed = record::pump(
+                &mut pipeline,
+                ring.get_mut(),
+                &probes,
+                u64::MAX,
+                observe,
+                |p, w| r.emit(p, w, &mut || ProbeCounters::read(&probes)),
+            )
             .and_then(|()| {
                 let counters = ProbeCounters::read(&probes)?;
                 r.finish(reason, pipeline.late_events(), &counters)
             });
-        match closed {
-            Ok(path) => last = Some(path),
-            Err(e) => log::error!("closing the last trace file: {e:#}"),
+            match closed {
+                Ok(path) => last = Some(path),
+                Err(e) => log::error!("closing the last trace file: {e:#}"),
+            }
         }
     }
     match ring_error {
