@@ -133,7 +133,11 @@ impl FreeSpace {
             out.extend(self.iter().take(n));
             return out;
         }
-        for class in class_of(size)..CLASSES {
+        // Every member of a class above `size`'s fits, so those classes give their lowest `n`
+        // at once; `size`'s own class, where members may be too short, is scanned last and
+        // only below the `n`th candidate found so far.
+        let partial = class_of(size);
+        for class in (partial + 1..CLASSES).chain([partial]) {
             let upper = if out.len() == n {
                 out[n - 1].0
             } else {
