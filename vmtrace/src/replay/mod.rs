@@ -22,10 +22,11 @@ pub mod charts;
 pub mod cli;
 pub mod des;
 pub mod free_run;
+pub mod lookahead;
 mod report;
 pub mod timing;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::BufRead;
 
 use serde::Serialize;
@@ -35,6 +36,7 @@ use crate::model::{
     SlotCounts, Variant,
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
+use lookahead::{DrainLookup, Lookahead};
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
 pub use report::{render_comparison, render_fit, render_text};
@@ -213,6 +215,8 @@ pub struct Report {
     pub locks: crate::model::LockCounts,
     /// Purges applied before their event because the trace showed their effect first.
     pub early_purges: u64,
+    /// Purges matched to the drain work item that ran them, and what that told replay.
+    pub drain_work: DrainWork,
     /// Full pool decays inferred from allocations inside pooled ranges (the vmap-node shrinker
     /// emits no event).
     pub shrinks_inferred: u64,
@@ -236,6 +240,29 @@ pub struct Report {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub vmalloc_used_series: Vec<VmallocUsedSample>,
 }
+
+/// Purges and the drain work items (`work` records of the `purge_work` probe) that ran them,
+/// matched through the look-ahead ([`lookahead`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DrainWork {
+    /// Purge events held by a `drain_vmap_area_work` item of the same task.
+    pub purges_in_work: u64,
+    /// Purge events without one: synchronous callers (allocation failure, `vm_unmap_aliases`),
+    /// traces recorded without `purge_work`, or an item ending beyond the look-ahead.
+    pub purges_without_work: u64,
+    /// Early purges not applied because the drain item of the coming purge had not started:
+    /// what looked like the purge's effect (a lower backlog, reuse of a lazy range) cannot be
+    /// its effect before the item runs.
+    pub early_refused: u64,
+    /// Frees (in the model) between a purge's detach bound (its item's start, or the previous
+    /// purge event if later) and its event. The kernel leaves those freed after its real detach
+    /// for the next purge; the model purges them all (see docs/model.md, "detach race").
+    pub frees_after_work_start: u64,
+}
+
+/// Most free times remembered since the last purge event, for
+/// [`DrainWork::frees_after_work_start`]: the bound on memory whatever the trace.
+pub const FREE_LOG_CAP: usize = 1 << 16;
 
 /// Most points a time series in a report keeps.
 pub const SERIES_CAP: usize = 500;
@@ -397,19 +424,20 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
 /// Replays a whole trace.
 pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, ReplayError> {
     let Opened {
-        mut reader,
+        reader,
         snapshot,
         params,
         ..
     } = open(input, opts)?;
     let mut r = Replayer::new(Model::new(params)?, opts);
     r.seed(&snapshot);
-    while let Some(rec) = reader.next() {
+    let mut ahead = Lookahead::new(reader);
+    while let Some(rec) = ahead.next_record() {
         let rec = rec?;
-        r.line = reader.line();
-        r.event(rec)?;
+        r.line = ahead.line();
+        r.event(rec, &ahead)?;
     }
-    r.tally.lines = reader.line();
+    r.tally.lines = ahead.lines_read();
     Ok(r.finish())
 }
 
@@ -431,6 +459,12 @@ struct Replayer<'o> {
     /// its effect before its event (an allocation of a purged area, a backlog that dropped).
     early: Option<crate::model::Purged>,
     early_purges: u64,
+    /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
+    free_log: VecDeque<u64>,
+    /// Time of the last purge event: a later purge cannot have detached before it (the
+    /// purge mutex serialises them).
+    last_purge_ts: u64,
+    drain_work: DrainWork,
     shrinks_inferred: u64,
     /// Ranges hidden as unavailable in the kernel, and hidden ranges the kernel used later.
     hidden: u64,
@@ -485,6 +519,9 @@ impl<'o> Replayer<'o> {
             drain_pending: false,
             early: None,
             early_purges: 0,
+            free_log: VecDeque::new(),
+            last_purge_ts: 0,
+            drain_work: DrainWork::default(),
             shrinks_inferred: 0,
             hidden: 0,
             unhidden: 0,
@@ -579,7 +616,7 @@ impl<'o> Replayer<'o> {
         self.seed_tables = total_tables(&self.pred_slots.counts());
     }
 
-    fn event(&mut self, rec: Record) -> Result<(), ReplayError> {
+    fn event(&mut self, rec: Record, ahead: &dyn DrainLookup) -> Result<(), ReplayError> {
         let Some(ts) = rec.ts_ns() else {
             return Ok(());
         };
@@ -600,18 +637,18 @@ impl<'o> Replayer<'o> {
         let in_window = ts <= self.snapshot_end;
         match rec {
             Record::Alloc(a) => {
-                self.alloc(&a, in_window)?;
+                self.alloc(&a, in_window, ahead)?;
                 self.observe(ts);
                 Ok(())
             }
             Record::Free(f) => {
-                self.free(&f, in_window)?;
+                self.free(&f, in_window, ahead)?;
                 self.obs_lazy = f.nr_lazy;
                 self.obs_lazy_max = Some(f.nr_lazy_max);
                 self.observe(ts);
                 Ok(())
             }
-            Record::Purge(p) => self.purge(&p),
+            Record::Purge(p) => self.purge(&p, ahead),
             Record::PtPage(_) => {
                 *self.pt_page_events.get_or_insert(0) += 1;
                 Ok(())
@@ -667,7 +704,12 @@ impl<'o> Replayer<'o> {
         }
     }
 
-    fn alloc(&mut self, a: &crate::trace::Alloc, in_window: bool) -> Result<(), ReplayError> {
+    fn alloc(
+        &mut self,
+        a: &crate::trace::Alloc,
+        in_window: bool,
+        ahead: &dyn DrainLookup,
+    ) -> Result<(), ReplayError> {
         let p = self.model.params().clone();
         let (addr, size) = (a.addr.0, a.size);
         let guard = !(a.align == a.size && a.size > p.page_size);
@@ -729,7 +771,7 @@ impl<'o> Replayer<'o> {
             *n += 1;
         }
         if self.drain_pending && self.early.is_none() && self.lazy_overlaps(addr, size) {
-            self.purge_early();
+            self.purge_early(ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
         self.obs_slots.map(addr, mapped_end(addr));
@@ -809,7 +851,12 @@ impl<'o> Replayer<'o> {
         Ok(())
     }
 
-    fn free(&mut self, f: &crate::trace::Free, in_window: bool) -> Result<(), ReplayError> {
+    fn free(
+        &mut self,
+        f: &crate::trace::Free,
+        in_window: bool,
+        ahead: &dyn DrainLookup,
+    ) -> Result<(), ReplayError> {
         let addr = f.va_start.0;
         if self.outside.remove(&addr).is_some() {
             self.tally.free_out_of_model += 1;
@@ -832,13 +879,17 @@ impl<'o> Replayer<'o> {
             let own =
                 self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
             if f.nr_lazy < self.model.lazy_pages() + own {
-                self.purge_early();
+                self.purge_early(ahead);
             }
         }
         let got = match self.model.free(addr) {
             Ok(g) => g,
             Err(e) => return self.warn("free-unknown-address", e.to_string()),
         };
+        if self.free_log.len() >= FREE_LOG_CAP {
+            self.free_log.pop_front();
+        }
+        self.free_log.push_back(f.ctx.ts_ns);
         if self.seed.first_free_nr_lazy_offset.is_none() {
             self.seed.first_free_nr_lazy_offset = Some(f.nr_lazy as i64 - got.nr_lazy as i64);
         }
@@ -876,7 +927,11 @@ impl<'o> Replayer<'o> {
         Ok(())
     }
 
-    fn purge(&mut self, p: &crate::trace::Purge) -> Result<(), ReplayError> {
+    fn purge(
+        &mut self,
+        p: &crate::trace::Purge,
+        ahead: &dyn DrainLookup,
+    ) -> Result<(), ReplayError> {
         self.tally.purge += 1;
         let full = self.pending_failure.is_some();
         let lazy_before = self.model.lazy().objects();
@@ -884,10 +939,23 @@ impl<'o> Replayer<'o> {
         // Aligning the batch with the observed `npurged` (the frees after the kernel's detach
         // left for the next purge, `Model::purge_oldest`) was tried and lowered every figure:
         // the detach is per node and the free order alone does not say which frees missed it.
+        // Cutting at the drain item's start (a lower bound of the detach) lowered them too;
+        // see docs/model.md.
+        match ahead.drain_holding(p.ctx.pid, p.ctx.ts_ns) {
+            Some(item) => {
+                self.drain_work.purges_in_work += 1;
+                let bound = item.start_ns.max(self.last_purge_ts);
+                let after = self.free_log.iter().rev().take_while(|&&t| t > bound);
+                self.drain_work.frees_after_work_start += after.count() as u64;
+            }
+            None => self.drain_work.purges_without_work += 1,
+        }
         let got = match self.early.take() {
             Some(early) if !full => early,
             _ => self.model.purge(full),
         };
+        self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
+        self.free_log.clear();
         self.drain_pending = self.model.lazy_pages() > self.model.params().lazy_max_pages;
         // What was hidden may have been waiting for this purge in the kernel (lazy there while
         // the model had already purged it): give it back. Pool entries from before the trace
@@ -987,7 +1055,19 @@ impl<'o> Replayer<'o> {
         self.model.lazy().overlaps(addr, end)
     }
 
-    fn purge_early(&mut self) {
+    /// The trace showed a pending purge's effect before its event: purge now, unless the drain
+    /// item that runs the coming purge event is known (read ahead) and has not started yet.
+    /// Then the kernel has not purged: the lower backlog or the reused lazy range has another
+    /// cause (a diverged state), and purging now would move a whole batch of frees to the wrong
+    /// purge, which every later `nr_lazy` and `npurged` comparison would inherit.
+    fn purge_early(&mut self, ahead: &dyn DrainLookup) {
+        let item = ahead
+            .next_purge()
+            .and_then(|(pid, ts)| ahead.drain_holding(pid, ts));
+        if item.is_some_and(|d| self.last_ts < d.start_ns) {
+            self.drain_work.early_refused += 1;
+            return;
+        }
         self.early = Some(self.model.purge(false));
         self.early_purges += 1;
     }
@@ -1031,6 +1111,7 @@ impl<'o> Replayer<'o> {
             model: self.model.stats().clone(),
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
+            drain_work: self.drain_work,
             shrinks_inferred: self.shrinks_inferred,
             hidden_ranges: self.hidden,
             hidden_ranges_used: self.unhidden,
