@@ -20,7 +20,8 @@ use std::io::BufReader;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use vmtrace::replay::{replay, ReplayError, ReplayOptions};
+use vmtrace::model::Variant;
+use vmtrace::replay::{free_run, replay, FreeRunOptions, ReplayError, ReplayOptions};
 use vmtrace::synth::{generate, SynthParams};
 use vmtrace::trace::{ReadError, Record, TraceReader};
 
@@ -121,6 +122,15 @@ fn check_replay(bytes: &[u8]) -> Result<(), TestCaseError> {
         ..ReplayOptions::default()
     };
     let strict = replay(BufReader::new(bytes), &strict_opts);
+    // Free-running what-if replays (and the contention simulation behind them) read the same
+    // input: they may refuse it, but never panic (overflow checks are on in test builds).
+    for variant in [Variant::Nodes, Variant::Global] {
+        let opts = ReplayOptions {
+            variant,
+            ..ReplayOptions::default()
+        };
+        let _ = free_run(BufReader::new(bytes), &opts, &FreeRunOptions::default());
+    }
     for r in [&lax, &strict] {
         if let Err(e) = r {
             let msg = e.to_string();

@@ -316,7 +316,7 @@ impl Series {
             .iter()
             .enumerate()
             .map(|(i, &(ops, wait, work))| WaitSample {
-                ts_ns: origin + i as u64 * self.width,
+                ts_ns: origin.saturating_add(i as u64 * self.width),
                 window_ns: self.width,
                 ops,
                 wait_ns: wait,
@@ -516,7 +516,7 @@ impl Des {
         };
         let want = match p.rule {
             StartRule::At(ts) => ts,
-            StartRule::After(think) => actor.ready_at + think,
+            StartRule::After(think) => actor.ready_at.saturating_add(think),
         };
         if want < self.now {
             self.res.late_starts += 1;
@@ -609,7 +609,7 @@ impl Des {
             match step {
                 Step::Work(ns) => {
                     self.bump(a);
-                    self.schedule(a, t + ns);
+                    self.schedule(a, t.saturating_add(ns));
                     return;
                 }
                 Step::Mark => {
@@ -724,7 +724,7 @@ impl Des {
                 rule: StartRule::After(0),
             });
             helper.parents.push_back(a);
-            self.schedule(h, t + self.worker_latency);
+            self.schedule(h, t.saturating_add(self.worker_latency));
         }
     }
 
@@ -751,7 +751,7 @@ impl Des {
             }
             _ => None,
         } {
-            self.schedule(a, t + release);
+            self.schedule(a, t.saturating_add(release));
             self.account(ci, kind, waited, t);
             return true;
         }
@@ -790,7 +790,7 @@ impl Des {
         let mut from = since;
         while from < t {
             let w = from / window;
-            let end = ((w + 1) * window).min(t);
+            let end = (w + 1).saturating_mul(window).min(t);
             if w != lock.window {
                 let u = lock.held_in_window as f64 / window as f64;
                 let c = &mut self.classes[ci];
@@ -831,7 +831,7 @@ impl Des {
             }
         }
         if run.op.triggers_drain {
-            self.worker_starts.push_back(t + self.worker_latency);
+            self.worker_starts.push_back(t.saturating_add(self.worker_latency));
             let w = self.worker;
             if self.actors[w].running.is_none() && !self.actors[w].scheduled {
                 let at = self.worker_starts[0].max(t);

@@ -589,7 +589,7 @@ impl Run {
         self.sync_prev();
         let trigger = got.drain && self.purge_at.is_none();
         if trigger {
-            self.purge_at = Some(f.ctx.ts_ns + self.latency);
+            self.purge_at = Some(f.ctx.ts_ns.saturating_add(self.latency));
         }
         self.des.push_op(
             f.ctx.cpu,
