@@ -831,7 +831,8 @@ impl Des {
             }
         }
         if run.op.triggers_drain {
-            self.worker_starts.push_back(t.saturating_add(self.worker_latency));
+            self.worker_starts
+                .push_back(t.saturating_add(self.worker_latency));
             let w = self.worker;
             if self.actors[w].running.is_none() && !self.actors[w].scheduled {
                 let at = self.worker_starts[0].max(t);
