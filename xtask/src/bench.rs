@@ -160,6 +160,9 @@ struct Outcome {
     total_ops: Option<u64>,
     ops_per_sec: Option<f64>,
     ratio_to_untraced: Option<f64>,
+    /// The median of the per-round ratios to the untraced run of the same round (see
+    /// [`paired_ratio`]); what the comparisons use.
+    paired_ratio: Option<f64>,
     /// Lowest and highest round's ops/s over the median untraced ops/s: the spread a
     /// difference between two ratios has to beat to mean something.
     ratio_range: Option<(f64, f64)>,
@@ -279,26 +282,22 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         all_rounds.push(outcomes);
     }
     let mut outcomes = median_outcomes(all_rounds);
-    let base = outcomes
-        .iter()
-        .find(|o| o.key == "untraced")
-        .and_then(|o| o.ops_per_sec);
+    let untraced = outcomes.iter().find(|o| o.key == "untraced");
+    let base = untraced.and_then(|o| o.ops_per_sec);
+    let base_rounds = untraced.map(round_values).unwrap_or_default();
     for o in &mut outcomes {
         o.ratio_to_untraced = match (o.ops_per_sec, base) {
             (Some(v), Some(b)) if b > 0.0 => Some(v / b),
             _ => None,
         };
-        o.ratio_range = match (&o.tracer, base) {
-            (Some(t), Some(b)) if b > 0.0 => {
-                let v: Vec<f64> = t["rounds_ops_per_sec"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_f64)
-                    .collect();
+        let rounds = round_values(o);
+        o.paired_ratio = paired_ratio(&rounds, &base_rounds);
+        let v: Vec<f64> = rounds.into_iter().flatten().collect();
+        o.ratio_range = match base {
+            Some(b) if b > 0.0 && !v.is_empty() => {
                 let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                (!v.is_empty()).then_some((lo / b, hi / b))
+                Some((lo / b, hi / b))
             }
             _ => None,
         };
@@ -317,7 +316,7 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         "rounds": rounds,
         "default_probes": default_probes,
         "ladder_probes": LADDER_PROBES,
-        "aggregation": "median ops/s per condition over the rounds; ratio = median / median untraced; ratio_range = (slowest, fastest round) / median untraced",
+        "aggregation": "median ops/s per condition over the rounds; ratio_to_untraced = median / median untraced; paired_ratio = median over rounds of (ops/s / untraced ops/s of the same round), used by the comparisons; ratio_range = (slowest, fastest round) / median untraced",
         "results": outcomes,
         "comparisons": comparisons,
     });
@@ -373,7 +372,7 @@ fn comparisons(outcomes: &[Outcome]) -> Vec<Comparison> {
         outcomes
             .iter()
             .find(|o| o.key == key)
-            .and_then(|o| o.ratio_to_untraced)
+            .and_then(|o| o.paired_ratio.or(o.ratio_to_untraced))
     };
     let specs: [(&str, &str, &str, &str, bool); 5] = [
         (
@@ -430,11 +429,41 @@ fn comparisons(outcomes: &[Outcome]) -> Vec<Comparison> {
         .collect()
 }
 
+/// The median (the upper one of an even count); `None` for no values.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
+/// A row's ops/s per round, in round order (`None` for a failed round).
+fn round_values(o: &Outcome) -> Vec<Option<f64>> {
+    o.tracer
+        .as_ref()
+        .and_then(|t| t["rounds_ops_per_sec"].as_array())
+        .map(|a| a.iter().map(Value::as_f64).collect())
+        .unwrap_or_default()
+}
+
+/// The median over rounds of `row / untraced` within each round. Conditions run one after the
+/// other inside a round, so a pair shares the machine's load of the moment; on a shared machine
+/// whose load drifts between rounds this is steadier than the ratio of the two medians.
+fn paired_ratio(row: &[Option<f64>], base: &[Option<f64>]) -> Option<f64> {
+    median(
+        row.iter()
+            .zip(base)
+            .filter_map(|(v, b)| match (v, b) {
+                (Some(v), Some(b)) if *b > 0.0 => Some(v / b),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
 /// Folds the rounds into one row per condition: the median ops/s, with every round's figure
 /// kept in `tracer.rounds_ops_per_sec` and all warnings and errors carried over.
 fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
     let mut merged: Vec<Outcome> = Vec::new();
-    let mut per_condition: Vec<Vec<f64>> = Vec::new();
+    let mut per_condition: Vec<Vec<Option<f64>>> = Vec::new();
     for round in rounds {
         for (i, o) in round.into_iter().enumerate() {
             if merged.len() <= i {
@@ -446,15 +475,14 @@ fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
                     total_ops: None,
                     ops_per_sec: None,
                     ratio_to_untraced: None,
+                    paired_ratio: None,
                     ratio_range: None,
                     tracer: None,
                     warnings: Vec::new(),
                     error: None,
                 });
             }
-            if let Some(v) = o.ops_per_sec {
-                per_condition[i].push(v);
-            }
+            per_condition[i].push(o.ops_per_sec);
             let m = &mut merged[i];
             m.total_ops = match (m.total_ops, o.total_ops) {
                 (Some(a), Some(b)) => Some(a + b),
@@ -467,10 +495,10 @@ fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
             }
         }
     }
-    for (m, mut values) in merged.iter_mut().zip(per_condition) {
-        values.sort_by(f64::total_cmp);
-        m.ops_per_sec = values.get(values.len() / 2).copied();
+    for (m, values) in merged.iter_mut().zip(per_condition) {
+        m.ops_per_sec = median(values.iter().flatten().copied().collect());
         let mut tracer = m.tracer.take().unwrap_or_else(|| json!({}));
+        // In round order (null for a failed round), so rows can be paired round by round.
         tracer["rounds_ops_per_sec"] = json!(values);
         m.tracer = Some(tracer);
         m.warnings.sort();
@@ -495,6 +523,7 @@ fn measure(
         total_ops: None,
         ops_per_sec: None,
         ratio_to_untraced: None,
+        paired_ratio: None,
         ratio_range: None,
         tracer: None,
         warnings: Vec::new(),
@@ -804,14 +833,15 @@ fn wait_attached(pid: u32, want: usize, timeout: Duration) -> String {
 fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
     banner("overhead: vmtrace stress fix-size throughput");
     println!(
-        "  {:<22} {:>12} {:>8} {:>15}",
-        "condition", "ops/s", "ratio", "rounds"
+        "  {:<22} {:>12} {:>8} {:>8} {:>15}",
+        "condition", "ops/s", "ratio", "paired", "rounds"
     );
     for o in outcomes {
         let ops = o.ops_per_sec.map_or("failed".into(), |v| format!("{v:.0}"));
         let ratio = o
             .ratio_to_untraced
             .map_or("-".into(), |v| format!("{v:.3}"));
+        let paired = o.paired_ratio.map_or("-".into(), |v| format!("{v:.3}"));
         let range = o
             .ratio_range
             .map_or(String::new(), |(lo, hi)| format!("{lo:.3}-{hi:.3}"));
@@ -821,7 +851,7 @@ fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
             "  (see warnings)"
         };
         println!(
-            "  {:<22} {ops:>12} {ratio:>8} {range:>15}{flag}",
+            "  {:<22} {ops:>12} {ratio:>8} {paired:>8} {range:>15}{flag}",
             o.condition
         );
     }
@@ -842,7 +872,7 @@ fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
             c.name, c.a_ratio, c.b_ratio, c.quotient
         );
     }
-    println!("  (a goal is met when the first ratio is at least the second; differences inside the rounds' spread are noise)");
+    println!("  (paired ratios; a goal is met when the first is at least the second; differences inside the rounds' spread are noise)");
 }
 
 /// Scrapes `/metrics` once a second on its own thread, like a Prometheus with a 1 s interval,
@@ -1310,6 +1340,7 @@ mod tests {
             total_ops: None,
             ops_per_sec: None,
             ratio_to_untraced: Some(ratio),
+            paired_ratio: None,
             ratio_range: None,
             tracer: None,
             warnings: Vec::new(),
@@ -1339,6 +1370,24 @@ mod tests {
         assert_eq!(c[0].goal_met, Some(false));
         assert!((c[2].quotient - 0.75).abs() < 1e-12);
         assert_eq!(c[2].goal_met, None);
+    }
+
+    #[test]
+    fn paired_ratios_cancel_a_drifting_load() {
+        // The machine gets slower round by round; the traced run is always 10 % slower than
+        // the untraced run of its own round.
+        let base = [Some(100.0), Some(80.0), Some(60.0)];
+        let row = [Some(90.0), Some(72.0), Some(54.0)];
+        let r = paired_ratio(&row, &base).unwrap();
+        assert!((r - 0.9).abs() < 1e-12, "{r}");
+        // A failed round on either side is left out.
+        assert_eq!(
+            paired_ratio(&[None, Some(40.0)], &[Some(1.0), Some(50.0)]),
+            Some(0.8)
+        );
+        assert_eq!(paired_ratio(&[None], &[Some(1.0)]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![]), None);
     }
 
     #[test]
