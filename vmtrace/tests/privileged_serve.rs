@@ -110,6 +110,25 @@ fn scalar(prom: SocketAddr, q: &str) -> Option<f64> {
         .ok()
 }
 
+/// Starts `vmtrace serve` on a free loopback port with `args` after `--listen`, stderr to `log`,
+/// and waits until /healthz answers.
+fn start_serve(args: &[&std::ffi::OsStr], log: &Path) -> (Guard, SocketAddr) {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let serve = Guard(Some(
+        Command::new(BIN)
+            .args(["serve", "--listen", &addr.to_string()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log"))
+            .spawn()
+            .expect("vmtrace serve starts"),
+    ));
+    wait_for("/healthz", Duration::from_secs(30), || {
+        matches!(get(addr, "/healthz", Duration::from_secs(1)), Ok((200, _)))
+    });
+    (serve, addr)
+}
+
 /// Runs `vmtrace stress fix-size --loops N` to the end; the operations it reports.
 fn stress(loops: u32) -> u64 {
     let out = Command::new(BIN)
@@ -160,22 +179,8 @@ fn serve_is_scraped_by_prometheus_while_stress_runs() {
         return;
     }
     let tmp = tempfile::tempdir().expect("temp dir");
-    let serve_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let serve_log = tmp.path().join("serve.log");
-    let mut serve = Guard(Some(
-        Command::new(BIN)
-            .args(["serve", "--listen", &serve_addr.to_string()])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&serve_log).expect("log"))
-            .spawn()
-            .expect("vmtrace serve starts"),
-    ));
-    wait_for("/healthz", Duration::from_secs(30), || {
-        matches!(
-            get(serve_addr, "/healthz", Duration::from_secs(1)),
-            Ok((200, _))
-        )
-    });
+    let (mut serve, serve_addr) = start_serve(&[], &serve_log);
     // Every thread gave up its capabilities once the probes were attached.
     for task in std::fs::read_dir(format!("/proc/{}/task", serve.pid())).expect("tasks") {
         let status =
@@ -332,21 +337,18 @@ fn serve_record_rotates_standalone_trace_files() {
     }
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("traces");
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let log = tmp.path().join("serve.log");
-    let mut serve = Guard(Some(
-        Command::new(BIN)
-            .args(["serve", "--listen", &addr.to_string(), "--record"])
-            .arg(&dir)
-            .args(["--rotate", "256K", "--keep", "0"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("vmtrace serve starts"),
-    ));
-    wait_for("/healthz", Duration::from_secs(30), || {
-        matches!(get(addr, "/healthz", Duration::from_secs(1)), Ok((200, _)))
-    });
+    let (mut serve, addr) = start_serve(
+        &[
+            "--record".as_ref(),
+            dir.as_os_str(),
+            "--rotate".as_ref(),
+            "256K".as_ref(),
+            "--keep".as_ref(),
+            "0".as_ref(),
+        ],
+        &log,
+    );
     let ops = stress(3000);
     let (status, _) = get(addr, "/healthz", Duration::from_secs(2)).expect("/healthz");
     assert_eq!(status, 200, "unhealthy while recording");
@@ -477,21 +479,16 @@ fn a_stalled_serve_record_holds_a_bounded_backlog() {
     }
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("traces");
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let log = tmp.path().join("serve.log");
-    let mut serve = Guard(Some(
-        Command::new(BIN)
-            .args(["serve", "--listen", &addr.to_string(), "--record"])
-            .arg(&dir)
-            .args(["--keep", "0"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("vmtrace serve starts"),
-    ));
-    wait_for("/healthz", Duration::from_secs(30), || {
-        matches!(get(addr, "/healthz", Duration::from_secs(1)), Ok((200, _)))
-    });
+    let (mut serve, _) = start_serve(
+        &[
+            "--record".as_ref(),
+            dir.as_os_str(),
+            "--keep".as_ref(),
+            "0".as_ref(),
+        ],
+        &log,
+    );
     std::thread::sleep(Duration::from_secs(1));
     let before = status_kib(serve.pid(), "RssAnon:");
     let peak_before = status_kib(serve.pid(), "VmHWM:");
