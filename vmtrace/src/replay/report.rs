@@ -61,6 +61,19 @@ pub fn render_text(r: &Report) -> String {
         agreement(&r.nr_lazy_after_warmup)
     );
     let _ = writeln!(o, "  npurged per purge        {}", agreement(&r.npurged));
+    let d = &r.drain_work;
+    if d.purges_in_work + d.purges_without_work > 0 {
+        // Without the purge_work probe every purge lands in "without": say what that costs.
+        let _ = writeln!(
+            o,
+            "  purges in drain work     {} of {} ({} early purges refused, {} frees between an \
+             item's start and its purge)",
+            d.purges_in_work,
+            d.purges_in_work + d.purges_without_work,
+            d.early_refused,
+            d.frees_after_work_start
+        );
+    }
     let _ = writeln!(
         o,
         "  VA high-water mark       observed {}  predicted {}",
