@@ -71,10 +71,13 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// * Areas allocated after the first snapshot have no `caller`, `pages`, `phys` or flags, and
 ///   are all `busy` (a `vm_map_ram` area looks the same in the alloc event); replay uses the
 ///   kind only to leave the guard page out of its page-table estimate.
-/// * A purge removes every `unpurged` area, as the model's purge does. The kernel detaches each
-///   node's lazy list at the start of the purge, so a free landing during the purge stays lazy
-///   there; the next free's `nr_lazy` shows the difference (replay's
-///   `first_free_nr_lazy_offset`).
+/// * A purge removes the `npurged` earliest-freed `unpurged` areas (areas already lazy in the
+///   first snapshot count as earliest, in address order). The kernel detaches each node's lazy
+///   list at the start of the purge and emits the event at its end, so a free landing during
+///   the purge stays lazy; removing every lazy area, as a first version did, dropped those and
+///   left the next file's lazy backlog short by their pages (a replay of it then disagreed on
+///   almost every `nr_lazy`). The order across nodes is the free order, which matches the
+///   kernel's per-node detach up to the microseconds between two nodes' detaches.
 /// * A lost event leaves the list wrong until the address is reused: an allocation over an area
 ///   the list still holds replaces it, since the kernel never hands out overlapping areas.
 #[derive(Debug)]
@@ -88,21 +91,53 @@ pub struct LiveAreas {
     /// Frees of areas the list did not hold (their allocation was lost, or the snapshot missed
     /// an area being set up).
     pub unknown_frees: u64,
+    /// Lazy areas in free order: sequence number → start. Entries whose area was since
+    /// replaced (only after lost events) are skipped when a purge takes them.
+    lazy_order: BTreeMap<u64, u64>,
+    next_seq: u64,
 }
 
 impl LiveAreas {
     /// Starts from a snapshot read from the kernel.
     pub fn new(snapshot: &VmallocSnapshot) -> Self {
+        let areas: BTreeMap<u64, VmallocArea> = snapshot
+            .areas
+            .iter()
+            .map(|a| (a.start.0, a.clone()))
+            .collect();
+        let lazy_order: BTreeMap<u64, u64> = areas
+            .values()
+            .filter(|a| a.kind == AreaKind::Unpurged)
+            .map(|a| a.start.0)
+            .enumerate()
+            .map(|(i, start)| (i as u64, start))
+            .collect();
         LiveAreas {
-            areas: snapshot
-                .areas
-                .iter()
-                .map(|a| (a.start.0, a.clone()))
-                .collect(),
+            next_seq: lazy_order.len() as u64,
+            areas,
             seed_ts: snapshot.ts_start_ns,
             as_of_ns: snapshot.ts_end_ns,
             real_addresses: snapshot.real_addresses,
             unknown_frees: 0,
+            lazy_order,
+        }
+    }
+
+    /// Removes the `n` earliest-freed areas still lazy: what the purge reclaimed.
+    fn purge_earliest(&mut self, n: u64) {
+        let mut left = n;
+        while left > 0 {
+            let Some((_, start)) = self.lazy_order.pop_first() else {
+                break;
+            };
+            if self
+                .areas
+                .get(&start)
+                .is_some_and(|a| a.kind == AreaKind::Unpurged)
+            {
+                self.areas.remove(&start);
+                left -= 1;
+            }
         }
     }
 
@@ -142,10 +177,12 @@ impl LiveAreas {
                     area.pages = None;
                     area.phys = None;
                     area.flags.clear();
+                    self.lazy_order.insert(self.next_seq, f.va_start.0);
+                    self.next_seq += 1;
                 }
                 None => self.unknown_frees += 1,
             },
-            Record::Purge(_) => self.areas.retain(|_, a| a.kind != AreaKind::Unpurged),
+            Record::Purge(p) => self.purge_earliest(u64::from(p.npurged)),
             _ => {}
         }
     }
