@@ -173,6 +173,25 @@ struct Outcome {
     error: Option<String>,
 }
 
+impl Outcome {
+    /// A row with nothing measured yet.
+    fn empty(condition: &'static str, key: &'static str, command: String) -> Self {
+        Outcome {
+            condition,
+            key,
+            command,
+            total_ops: None,
+            ops_per_sec: None,
+            ratio_to_untraced: None,
+            paired_ratio: None,
+            ratio_range: None,
+            tracer: None,
+            warnings: Vec::new(),
+            error: None,
+        }
+    }
+}
+
 pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     if !is_root() {
         bail!("the benchmark attaches tracers (vmtrace, bpftrace, perf -a) and needs root");
@@ -468,19 +487,7 @@ fn median_outcomes(rounds: Vec<Vec<Outcome>>) -> Vec<Outcome> {
         for (i, o) in round.into_iter().enumerate() {
             if merged.len() <= i {
                 per_condition.push(Vec::new());
-                merged.push(Outcome {
-                    condition: o.condition,
-                    key: o.key,
-                    command: o.command.clone(),
-                    total_ops: None,
-                    ops_per_sec: None,
-                    ratio_to_untraced: None,
-                    paired_ratio: None,
-                    ratio_range: None,
-                    tracer: None,
-                    warnings: Vec::new(),
-                    error: None,
-                });
+                merged.push(Outcome::empty(o.condition, o.key, o.command.clone()));
             }
             per_condition[i].push(o.ops_per_sec);
             let m = &mut merged[i];
@@ -516,19 +523,7 @@ fn measure(
 ) -> Outcome {
     let condition = c.label;
     let command = cmd::display(&cmd);
-    let mut outcome = Outcome {
-        condition,
-        key: c.key,
-        command,
-        total_ops: None,
-        ops_per_sec: None,
-        ratio_to_untraced: None,
-        paired_ratio: None,
-        ratio_range: None,
-        tracer: None,
-        warnings: Vec::new(),
-        error: None,
-    };
+    let mut outcome = Outcome::empty(condition, c.key, command);
     // Checked before and after the run (when our own tracer is not attached): another tracer
     // during a condition slows the workload too, and can hide events from perf.
     let mut others = foreign_attachments();
@@ -1334,17 +1329,8 @@ mod tests {
 
     fn row(key: &'static str, ratio: f64) -> Outcome {
         Outcome {
-            condition: key,
-            key,
-            command: String::new(),
-            total_ops: None,
-            ops_per_sec: None,
             ratio_to_untraced: Some(ratio),
-            paired_ratio: None,
-            ratio_range: None,
-            tracer: None,
-            warnings: Vec::new(),
-            error: None,
+            ..Outcome::empty(key, key, String::new())
         }
     }
 
