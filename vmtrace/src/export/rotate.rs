@@ -78,6 +78,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 ///   left the next file's lazy backlog short by their pages (a replay of it then disagreed on
 ///   almost every `nr_lazy`). The order across nodes is the free order, which matches the
 ///   kernel's per-node detach up to the microseconds between two nodes' detaches.
+/// * A purge frees its areas before it emits its event, so an allocation may reuse the range
+///   of an area the list still holds as lazy. That area was in the purge's batch: it counts
+///   toward the next purge's `npurged`, which then removes that many fewer. Without this the
+///   purge took one area too many per reuse, an area the kernel still held lazy, and the next
+///   file started one area short of the kernel's `nr_lazy` (seen in a real recording: every
+///   `nr_lazy` of the next file off by 18 pages until its first purge).
 /// * A lost event leaves the list wrong until the address is reused: an allocation over an area
 ///   the list still holds replaces it, since the kernel never hands out overlapping areas.
 #[derive(Debug)]
@@ -95,6 +101,9 @@ pub struct LiveAreas {
     /// replaced (only after lost events) are skipped when a purge takes them.
     lazy_order: BTreeMap<u64, u64>,
     next_seq: u64,
+    /// Lazy areas an allocation reused since the last purge: purged by a purge whose event
+    /// has not arrived yet.
+    reused_lazy: u64,
 }
 
 impl LiveAreas {
@@ -120,6 +129,7 @@ impl LiveAreas {
             real_addresses: snapshot.real_addresses,
             unknown_frees: 0,
             lazy_order,
+            reused_lazy: 0,
         }
     }
 
@@ -182,7 +192,12 @@ impl LiveAreas {
                 }
                 None => self.unknown_frees += 1,
             },
-            Record::Purge(p) => self.purge_earliest(u64::from(p.npurged)),
+            Record::Purge(p) => {
+                let npurged = u64::from(p.npurged);
+                let reused = self.reused_lazy.min(npurged);
+                self.reused_lazy = 0;
+                self.purge_earliest(npurged - reused);
+            }
             _ => {}
         }
     }
@@ -198,7 +213,13 @@ impl LiveAreas {
             .map(|(s, _)| *s)
             .collect();
         for s in stale {
-            self.areas.remove(&s);
+            if self
+                .areas
+                .remove(&s)
+                .is_some_and(|a| a.kind == AreaKind::Unpurged)
+            {
+                self.reused_lazy += 1;
+            }
         }
     }
 

@@ -169,6 +169,31 @@ fn a_free_landing_during_a_purge_stays_lazy() {
 }
 
 #[test]
+fn a_lazy_area_reused_before_its_purge_event_counts_toward_that_purge() {
+    // The purge freed the seeded lazy area and an allocation took its range before the purge
+    // emitted its event (npurged 2: that area and the first free). The second free raced the
+    // detach and stays lazy: the purge must not take it in place of the reused area.
+    let mut live = LiveAreas::new(&seed());
+    live.apply(&free(2_000, BASE + 16 * PAGE));
+    live.apply(&alloc(2_050, BASE + 8 * PAGE, 2 * PAGE));
+    live.apply(&free(2_100, BASE));
+    live.apply(&purge(2_200, 2));
+    assert_eq!(
+        shape(&live.snapshot()),
+        [
+            (BASE, 5 * PAGE, AreaKind::Unpurged),
+            (BASE + 8 * PAGE, 2 * PAGE, AreaKind::Busy),
+        ]
+    );
+    // The credit lasts one purge: the next takes what it says.
+    live.apply(&purge(2_300, 1));
+    assert_eq!(
+        shape(&live.snapshot()),
+        [(BASE + 8 * PAGE, 2 * PAGE, AreaKind::Busy)]
+    );
+}
+
+#[test]
 fn an_allocation_replaces_stale_overlapping_areas() {
     let mut live = LiveAreas::new(&seed());
     // Overlaps the end of the first busy area and all of the lazy one: both must be stale
