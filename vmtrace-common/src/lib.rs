@@ -80,8 +80,16 @@ pub const MAX_ORDER_SLOTS: u32 = 12;
 
 /// Kernel stack depth the filters inspect. Lock and page-allocator frames come first, so the
 /// vmap function is within the first dozen frames (the recorded stacks put it at depth 3 to 8);
-/// the unwinder stops at this depth, and its cost grows with it.
-pub const FILTER_FRAMES: usize = 16;
+/// the unwinder stops at this depth, and its cost grows with it. A raw tracepoint's stack starts
+/// with [`RAW_EXTRA_FRAMES`] more, so its filters walk that many further (the scratch buffer
+/// holds the deeper walk).
+pub const FILTER_FRAMES: usize = 16 + RAW_EXTRA_FRAMES;
+
+/// Frames a stack taken in a raw tracepoint program has above the tracepoint's call site: the
+/// program itself and `bpf_trace_run<N>` (a perf tracepoint's stack starts at the call site,
+/// from the registers saved there). User space strips them by name before classifying
+/// (`LoadedProbes::stack_frames`); the in-kernel filters only need to look that much deeper.
+pub const RAW_EXTRA_FRAMES: usize = 2;
 
 /// Most address ranges one filter table holds.
 pub const MAX_RANGES: usize = 32;
@@ -259,6 +267,27 @@ pub mod names {
     pub const PROG_FEXIT_SPIN: &str = "fexit_spin_slowpath";
     pub const PROG_KPROBE_SPIN: &str = "kprobe_spin_slowpath";
     pub const PROG_KRETPROBE_SPIN: &str = "kretprobe_spin_slowpath";
+    // The raw-tracepoint twins of the tracepoint programs, and their layouts (argument slots of
+    // `bpf_raw_tracepoint_args`, from the `btf_trace_<name>` prototype in kernel BTF).
+    pub const PROG_RAW_ALLOC: &str = "raw_vmalloc_alloc_vmap_area";
+    pub const PROG_RAW_FREE: &str = "raw_vmalloc_free_vmap_area_noflush";
+    pub const PROG_RAW_PURGE: &str = "raw_vmalloc_purge_vmap_area_lazy";
+    pub const PROG_RAW_LOCK_BEGIN: &str = "raw_lock_contention_begin";
+    pub const PROG_RAW_LOCK_END: &str = "raw_lock_contention_end";
+    pub const PROG_RAW_WQ_START: &str = "raw_workqueue_execute_start";
+    pub const PROG_RAW_WQ_END: &str = "raw_workqueue_execute_end";
+    pub const PROG_RAW_PAGE_ALLOC: &str = "raw_kmem_mm_page_alloc";
+    pub const ALLOC_RAW_LAYOUT: &str = "ALLOC_RAW_LAYOUT";
+    pub const FREE_RAW_LAYOUT: &str = "FREE_RAW_LAYOUT";
+    pub const PURGE_RAW_LAYOUT: &str = "PURGE_RAW_LAYOUT";
+    pub const LOCK_BEGIN_RAW_LAYOUT: &str = "LOCK_BEGIN_RAW_LAYOUT";
+    pub const LOCK_END_RAW_LAYOUT: &str = "LOCK_END_RAW_LAYOUT";
+    pub const WQ_START_RAW_LAYOUT: &str = "WQ_START_RAW_LAYOUT";
+    pub const WQ_END_RAW_LAYOUT: &str = "WQ_END_RAW_LAYOUT";
+    pub const PAGE_ALLOC_RAW_LAYOUT: &str = "PAGE_ALLOC_RAW_LAYOUT";
+    /// Byte offset of `func` in `struct work_struct` (BTF): `workqueue_execute_start`'s raw
+    /// arguments carry only the work item.
+    pub const WORK_FUNC_OFFSET: &str = "WORK_FUNC_OFFSET";
 }
 
 #[cfg(feature = "user")]

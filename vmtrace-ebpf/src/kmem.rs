@@ -14,11 +14,12 @@
 
 use aya_ebpf::{
     macros::{fentry, kprobe},
-    programs::{FEntryContext, ProbeContext},
+    programs::{FEntryContext, ProbeContext, TracePointContext},
     Global,
 };
 use vmtrace_common::{
-    counter, kind, ptpage as p, PageFilter, RangeSet, TpLayout, MAX_FIELDS, MAX_ORDER_SLOTS,
+    counter, kind, ptpage as p, PageFilter, RangeSet, TpLayout, FILTER_FRAMES, MAX_FIELDS,
+    MAX_ORDER_SLOTS, RAW_EXTRA_FRAMES,
 };
 
 use crate::maps::{bump, emit_values, global_ptr, read_field, stack_hits2, BACKING_ORDERS};
@@ -26,6 +27,10 @@ use crate::maps::{bump, emit_values, global_ptr, read_field, stack_hits2, BACKIN
 /// `pfn, order, gfp_flags`.
 #[unsafe(no_mangle)]
 static PAGE_ALLOC_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// `page, order, gfp_flags` from the raw arguments: the `struct page` address stands in for
+/// the pfn, which the kernel computes only when it builds the record.
+#[unsafe(no_mangle)]
+static PAGE_ALLOC_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// `__pte_alloc_kernel`, `__pmd_alloc`, `__pud_alloc`, `__p4d_alloc`, in that order (the index
 /// is the level); absent ones have an empty range.
 #[unsafe(no_mangle)]
@@ -44,59 +49,69 @@ static PAGE_FILTER: Global<PageFilter> = Global::new(PageFilter {
     back_exclude: 0,
 });
 
-tracepoint_pass_on! {
+#[inline(always)]
+fn on_page_alloc<const RAW: bool>(ctx: TracePointContext) -> u32 {
+    let layout = if RAW {
+        PAGE_ALLOC_RAW_LAYOUT.load()
+    } else {
+        PAGE_ALLOC_LAYOUT.load()
+    };
+    let gfp = read_field(&ctx, &layout.fields[2]).unwrap_or(0);
+    let filter = PAGE_FILTER.load();
+    let pt = filter.pt_require != 0
+        && gfp & filter.pt_require == filter.pt_require
+        && gfp & filter.pt_exclude == 0;
+    let back = filter.back_require != 0
+        && gfp & filter.back_require == filter.back_require
+        && gfp & filter.back_exclude == 0;
+    if !pt && !back {
+        return 0;
+    }
+    let order = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    if pt {
+        bump(counter::PAGE_STACK_WALKS);
+        let (pt_ranges, map_ranges) = (global_ptr(&PT_ALLOC_RANGES), global_ptr(&VMAP_MAP_RANGES));
+        let (level, under_vmap) = if RAW {
+            stack_hits2::<_, FILTER_FRAMES>(&ctx, pt_ranges, map_ranges)
+        } else {
+            stack_hits2::<_, { FILTER_FRAMES - RAW_EXTRA_FRAMES }>(&ctx, pt_ranges, map_ranges)
+        };
+        if let (Some(level), true) = (level, under_vmap) {
+            let mut v = [0u64; MAX_FIELDS];
+            v[p::LEVEL] = level;
+            v[p::PFN] = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+            v[p::GFP] = gfp;
+            v[p::ORDER] = order;
+            return match emit_values(&ctx, kind::PT_PAGE, &v) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+        }
+        return 0;
+    }
+    // Backing pages are told by their gfp alone: `__vmalloc_area_node` adds `__GFP_HIGHMEM`
+    // (meaningless on 64-bit) and user pages carry `__GFP_MOVABLE`. A stack walk per backing
+    // page cost more than the rest of the probes together (thousands of pages per large
+    // vmalloc), so this path deliberately has none.
+    let slot = if order < u64::from(MAX_ORDER_SLOTS) {
+        order as u32
+    } else {
+        MAX_ORDER_SLOTS - 1
+    };
+    if let Some(n) = BACKING_ORDERS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot; programs run with migration disabled.
+        unsafe { *n += 1 };
+    }
+    0
+}
+
+tracepoint_programs!(
     "kmem",
     "mm_page_alloc",
-    pub fn kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
-        let layout = PAGE_ALLOC_LAYOUT.load();
-        let gfp = read_field(&ctx, &layout.fields[2]).unwrap_or(0);
-        let filter = PAGE_FILTER.load();
-        let pt = filter.pt_require != 0
-            && gfp & filter.pt_require == filter.pt_require
-            && gfp & filter.pt_exclude == 0;
-        let back = filter.back_require != 0
-            && gfp & filter.back_require == filter.back_require
-            && gfp & filter.back_exclude == 0;
-        if !pt && !back {
-            return 0;
-        }
-        let order = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-        if pt {
-            bump(counter::PAGE_STACK_WALKS);
-            let (level, under_vmap) = stack_hits2(
-                &ctx,
-                global_ptr(&PT_ALLOC_RANGES),
-                global_ptr(&VMAP_MAP_RANGES),
-            );
-            if let (Some(level), true) = (level, under_vmap) {
-                let mut v = [0u64; MAX_FIELDS];
-                v[p::LEVEL] = level;
-                v[p::PFN] = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-                v[p::GFP] = gfp;
-                v[p::ORDER] = order;
-                return match emit_values(&ctx, kind::PT_PAGE, &v) {
-                    Ok(()) => 0,
-                    Err(_) => 1,
-                };
-            }
-            return 0;
-        }
-        // Backing pages are told by their gfp alone: `__vmalloc_area_node` adds `__GFP_HIGHMEM`
-        // (meaningless on 64-bit) and user pages carry `__GFP_MOVABLE`. A stack walk per backing
-        // page cost more than the rest of the probes together (thousands of pages per large
-        // vmalloc), so this path deliberately has none.
-        let slot = if order < u64::from(MAX_ORDER_SLOTS) {
-            order as u32
-        } else {
-            MAX_ORDER_SLOTS - 1
-        };
-        if let Some(n) = BACKING_ORDERS.get_ptr_mut(slot) {
-            // SAFETY: per-CPU slot; programs run with migration disabled.
-            unsafe { *n += 1 };
-        }
-        0
-    }
-}
+    kmem_mm_page_alloc,
+    raw_kmem_mm_page_alloc,
+    on_page_alloc
+);
 
 #[inline(always)]
 fn pte_table(ctx_emit: impl FnOnce(&[u64; MAX_FIELDS]) -> Result<(), i32>, pmd: u64) -> u32 {

@@ -15,10 +15,13 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
     programs::{
         tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
+        TracePointContext,
     },
     EbpfContext, Global,
 };
-use vmtrace_common::{contention as c, counter, kind, RangeSet, TpLayout, MAX_FIELDS};
+use vmtrace_common::{
+    contention as c, counter, kind, RangeSet, TpLayout, MAX_FIELDS, RAW_EXTRA_FRAMES,
+};
 
 use crate::maps::{bump, emit_values, global_ptr, now_ns, read_field, stack_hits, STACKS};
 
@@ -28,6 +31,11 @@ static LOCK_BEGIN_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// `lock_addr, ret`.
 #[unsafe(no_mangle)]
 static LOCK_END_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// The same from the raw arguments `lock, flags` and `lock, ret`.
+#[unsafe(no_mangle)]
+static LOCK_BEGIN_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+#[unsafe(no_mangle)]
+static LOCK_END_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// The vmap functions a kept wait's stack must pass through.
 #[unsafe(no_mangle)]
 static LOCK_RANGES: Global<RangeSet> = Global::new(RangeSet::EMPTY);
@@ -41,6 +49,8 @@ static LOCK_RANGES: Global<RangeSet> = Global::new(RangeSet::EMPTY);
 /// classifier calls "other" anyway. Walking 6 frames instead of 16 is what most of the
 /// filter's cost was, paid on every contention in the system.
 const LOCK_FILTER_FRAMES: usize = 6;
+/// The same depth below a raw tracepoint's (or fentry's) own frames.
+const LOCK_FILTER_FRAMES_RAW: usize = LOCK_FILTER_FRAMES + RAW_EXTRA_FRAMES;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -61,7 +71,7 @@ static PENDING_CPU: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
 static PENDING_TASK: HashMap<u32, Pending> = HashMap::with_max_entries(4096, 0);
 
 #[inline(always)]
-fn begin_wait<C: EbpfContext + StackIdContext>(ctx: &C, lock: u64, flags: u64) {
+fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock: u64, flags: u64) {
     let per_cpu = flags & (c::F_SPIN | c::F_MUTEX) == c::F_SPIN;
     let tid = bpf_get_current_pid_tgid() as u32;
     if per_cpu {
@@ -77,7 +87,7 @@ fn begin_wait<C: EbpfContext + StackIdContext>(ctx: &C, lock: u64, flags: u64) {
         bump(counter::CONTENTION_NESTED);
         return;
     }
-    let Some(matched) = stack_hits::<C, LOCK_FILTER_FRAMES>(ctx, global_ptr(&LOCK_RANGES)) else {
+    let Some(matched) = stack_hits::<C, DEPTH>(ctx, global_ptr(&LOCK_RANGES)) else {
         bump(counter::CONTENTION_FILTERED);
         return;
     };
@@ -143,33 +153,54 @@ fn end_wait<C: EbpfContext>(ctx: &C, lock: u64, ret: u64) -> Result<(), i32> {
     emit_values(ctx, kind::CONTENTION, &v)
 }
 
-tracepoint_pass_on! {
-    "lock",
-    "contention_begin",
-    pub fn lock_contention_begin(ctx: TracePointContext) -> u32 {
-        let layout = LOCK_BEGIN_LAYOUT.load();
-        let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-        let flags = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-        if lock != 0 {
-            begin_wait(&ctx, lock, flags);
+#[inline(always)]
+fn on_contention_begin<const RAW: bool>(ctx: TracePointContext) -> u32 {
+    let layout = if RAW {
+        LOCK_BEGIN_RAW_LAYOUT.load()
+    } else {
+        LOCK_BEGIN_LAYOUT.load()
+    };
+    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let flags = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    if lock != 0 {
+        if RAW {
+            begin_wait::<_, LOCK_FILTER_FRAMES_RAW>(&ctx, lock, flags);
+        } else {
+            begin_wait::<_, LOCK_FILTER_FRAMES>(&ctx, lock, flags);
         }
-        0
+    }
+    0
+}
+
+#[inline(always)]
+fn on_contention_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
+    let layout = if RAW {
+        LOCK_END_RAW_LAYOUT.load()
+    } else {
+        LOCK_END_LAYOUT.load()
+    };
+    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let ret = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    match end_wait(&ctx, lock, ret) {
+        Ok(()) => 0,
+        Err(_) => 1,
     }
 }
 
-tracepoint_pass_on! {
+tracepoint_programs!(
+    "lock",
+    "contention_begin",
+    lock_contention_begin,
+    raw_lock_contention_begin,
+    on_contention_begin
+);
+tracepoint_programs!(
     "lock",
     "contention_end",
-    pub fn lock_contention_end(ctx: TracePointContext) -> u32 {
-        let layout = LOCK_END_LAYOUT.load();
-        let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-        let ret = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-        match end_wait(&ctx, lock, ret) {
-            Ok(()) => 0,
-            Err(_) => 1,
-        }
-    }
-}
+    lock_contention_end,
+    raw_lock_contention_end,
+    on_contention_end
+);
 
 // Richer rungs: entry and exit of the queued-spinlock slow path (`__pv_queued_spin_lock_slowpath`
 // or `native_queued_spin_lock_slowpath`, chosen by user space at load/attach time). They see
@@ -179,7 +210,7 @@ tracepoint_pass_on! {
 #[fentry]
 pub fn fentry_spin_slowpath(ctx: FEntryContext) -> u32 {
     let lock: u64 = ctx.arg(0);
-    begin_wait(&ctx, lock, c::F_SPIN);
+    begin_wait::<_, LOCK_FILTER_FRAMES_RAW>(&ctx, lock, c::F_SPIN);
     0
 }
 
@@ -195,7 +226,7 @@ pub fn fexit_spin_slowpath(ctx: FExitContext) -> u32 {
 #[kprobe]
 pub fn kprobe_spin_slowpath(ctx: ProbeContext) -> u32 {
     if let Some(lock) = ctx.arg::<u64>(0) {
-        begin_wait(&ctx, lock, c::F_SPIN);
+        begin_wait::<_, LOCK_FILTER_FRAMES>(&ctx, lock, c::F_SPIN);
     }
     0
 }

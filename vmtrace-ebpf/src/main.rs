@@ -10,21 +10,36 @@
 /// perf and ftrace users of the same tracepoint; 0 would suppress it for all of them
 /// (`perf_trace_run_bpf_submit`), so `perf record -e vmalloc:*` or `perf lock contention` would
 /// see nothing while vmtrace records. aya-ebpf 0.2's `#[tracepoint]` macro always returns 0,
-/// hence [`tracepoint_pass_on!`].
+/// hence [`tracepoint_programs!`]. (A raw tracepoint program's return value is ignored.)
 const PASS_ON: u32 = 1;
 
-/// Declares a tracepoint program in section `tracepoint/<category>/<name>` whose body sees a
-/// `TracePointContext` and whose return value is ignored: the program always returns
-/// [`PASS_ON`].
-macro_rules! tracepoint_pass_on {
-    ($category:literal, $name:literal, pub fn $prog:ident($ctx:ident: TracePointContext) -> u32 $body:block) => {
+/// Declares the two programs of one kernel tracepoint, both running `$handler::<RAW>(ctx)`:
+///
+/// * `$tp` in section `tracepoint/<category>/<name>`, a perf tracepoint program: its context
+///   is the tracefs record, fields at the offsets of the `format` file. It always returns
+///   [`PASS_ON`].
+/// * `$raw` in section `raw_tp/<name>`, a raw tracepoint program: its context is the
+///   `TP_PROTO` arguments widened to `u64` (`struct bpf_raw_tracepoint_args`), slots found in
+///   kernel BTF. The kernel skips building the record for it, which is most of what a hot
+///   tracepoint costs (see docs/probes.md); user space attaches it where it loads and falls
+///   back to `$tp` otherwise.
+///
+/// Both contexts go through `TracePointContext`, whose reads are `bpf_probe_read_kernel` at
+/// `ctx + offset` and whose stack helpers take the context as is, which is right for both.
+macro_rules! tracepoint_programs {
+    ($category:literal, $name:literal, $tp:ident, $raw:ident, $handler:ident) => {
         #[unsafe(no_mangle)]
         #[unsafe(link_section = concat!("tracepoint/", $category, "/", $name))]
-        pub fn $prog(raw: *mut core::ffi::c_void) -> u32 {
-            #[inline(always)]
-            fn handler($ctx: aya_ebpf::programs::TracePointContext) -> u32 $body
-            let _ = handler(aya_ebpf::programs::TracePointContext::new(raw));
+        pub fn $tp(ctx: *mut core::ffi::c_void) -> u32 {
+            let _ = $handler::<false>(aya_ebpf::programs::TracePointContext::new(ctx));
             crate::PASS_ON
+        }
+
+        #[unsafe(no_mangle)]
+        #[unsafe(link_section = concat!("raw_tp/", $name))]
+        pub fn $raw(ctx: *mut core::ffi::c_void) -> u32 {
+            let _ = $handler::<true>(aya_ebpf::programs::TracePointContext::new(ctx));
+            0
         }
     };
 }

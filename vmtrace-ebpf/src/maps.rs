@@ -146,12 +146,12 @@ pub fn stack_hits<C: EbpfContext, const DEPTH: usize>(
 /// Like [`stack_hits`] for two tables over one stack walk: the first hit in `a` and whether any
 /// frame is in `b`.
 #[inline(always)]
-pub fn stack_hits2<C: EbpfContext>(
+pub fn stack_hits2<C: EbpfContext, const DEPTH: usize>(
     ctx: &C,
     a: *const RangeSet,
     b: *const RangeSet,
 ) -> (Option<u64>, bool) {
-    let Some((buf, frames)) = read_stack::<C, FILTER_FRAMES>(ctx) else {
+    let Some((buf, frames)) = read_stack::<C, DEPTH>(ctx) else {
         return (None, false);
     };
     let mut hit_a = None;
@@ -237,7 +237,8 @@ pub fn emit_values<C: EbpfContext>(
     Ok(())
 }
 
-/// Reads one tracepoint field at the offset the `format` file gave, widened to 64 bits.
+/// Reads one tracepoint field at the offset the `format` file gave (perf tracepoint) or of its
+/// argument slot (raw tracepoint: 8 bytes, already widened by the kernel), widened to 64 bits.
 #[inline(always)]
 pub fn read_field(ctx: &TracePointContext, loc: &FieldLoc) -> Result<u64, i32> {
     let off = loc.offset as usize;
@@ -257,12 +258,20 @@ pub fn read_field(ctx: &TracePointContext, loc: &FieldLoc) -> Result<u64, i32> {
     }
 }
 
-/// Where the one bulk read of a tracepoint record starts: right after the 8-byte common header
-/// (`common_type`, `common_flags`, `common_preempt_count`, `common_pid`), where every
-/// tracepoint's own fields begin.
-const WINDOW_START: usize = 8;
+/// Where the one bulk read starts. A perf tracepoint's record begins with the 8-byte common
+/// header (`common_type`, `common_flags`, `common_preempt_count`, `common_pid`), after which
+/// every tracepoint's own fields begin; a raw tracepoint's context is the argument array
+/// itself.
+const fn window_start<const RAW: bool>() -> usize {
+    if RAW {
+        0
+    } else {
+        8
+    }
+}
 /// How many bytes the bulk read copies. The three vmalloc records need at most 44 (the six
-/// fields of `alloc_vmap_area` on 6.18); a field outside the window is read on its own.
+/// fields of `alloc_vmap_area` on 6.18), their raw arguments 48; a field outside the window is
+/// read on its own.
 const WINDOW: usize = 64;
 
 /// The field `loc` out of the bulk copy `window` of the record, or `None` when it lies outside
@@ -271,12 +280,12 @@ const WINDOW: usize = 64;
 /// Every arm checks its own bound, so the verifier sees a constant-bounded offset into the
 /// stack buffer.
 #[inline(always)]
-fn from_window(window: &[u64; WINDOW / 8], loc: &FieldLoc) -> Option<u64> {
+fn from_window<const RAW: bool>(window: &[u64; WINDOW / 8], loc: &FieldLoc) -> Option<u64> {
     let off = loc.offset as usize;
-    if off < WINDOW_START {
+    if off < window_start::<RAW>() {
         return None;
     }
-    let rel = off - WINDOW_START;
+    let rel = off - window_start::<RAW>();
     let base = window.as_ptr().cast::<u8>();
     // SAFETY: each arm bounds `rel` so the read stays inside `window`. Indexing in units of the
     // field's size (not bytes) lets the verifier prove the alignment it demands of
@@ -321,7 +330,11 @@ fn from_window(window: &[u64; WINDOW / 8], loc: &FieldLoc) -> Option<u64> {
 /// `alloc_vmap_area`), which roughly halved the program's run time (`bpf_stats_enabled`
 /// `run_time_ns`, see docs/probes.md). Fields outside the window fall back to single reads.
 #[inline(always)]
-pub fn emit(ctx: &TracePointContext, event_kind: u32, layout: &TpLayout) -> Result<(), i32> {
+pub fn emit<const RAW: bool>(
+    ctx: &TracePointContext,
+    event_kind: u32,
+    layout: &TpLayout,
+) -> Result<(), i32> {
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         count_lost(ctx, event_kind);
         return Err(-1);
@@ -329,11 +342,12 @@ pub fn emit(ctx: &TracePointContext, event_kind: u32, layout: &TpLayout) -> Resu
     let ev = entry.as_mut_ptr();
     fill_context(ev, event_kind);
     let mut window = [0u64; WINDOW / 8];
-    // SAFETY: the tracepoint context points at the record in the per-CPU trace buffer, and
+    // SAFETY: the context points at the record in the per-CPU trace buffer (perf tracepoint)
+    // or at the argument array on the kernel stack (raw tracepoint), and
     // bpf_probe_read_kernel turns a bad address into an error rather than a fault. Bytes past
     // the record's end are copied but never picked (no field offset points there).
     let copied = unsafe {
-        let src = ctx.as_ptr().cast::<u8>().add(WINDOW_START);
+        let src = ctx.as_ptr().cast::<u8>().add(window_start::<RAW>());
         let dst = core::slice::from_raw_parts_mut(window.as_mut_ptr().cast::<u8>(), WINDOW);
         aya_ebpf::helpers::bpf_probe_read_kernel_buf(src, dst).is_ok()
     };
@@ -352,7 +366,7 @@ pub fn emit(ctx: &TracePointContext, event_kind: u32, layout: &TpLayout) -> Resu
                 continue;
             }
             let quick = if copied {
-                from_window(&window, loc)
+                from_window::<RAW>(&window, loc)
             } else {
                 None
             };

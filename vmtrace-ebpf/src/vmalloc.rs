@@ -12,45 +12,63 @@ use crate::maps::emit;
 /// `addr, size, align, vstart, vend, failed`.
 #[unsafe(no_mangle)]
 static ALLOC_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+#[unsafe(no_mangle)]
+static ALLOC_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// `va_start, nr_lazy, nr_lazy_max`.
 #[unsafe(no_mangle)]
 static FREE_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+#[unsafe(no_mangle)]
+static FREE_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// `start, end, npurged`.
 #[unsafe(no_mangle)]
 static PURGE_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+#[unsafe(no_mangle)]
+static PURGE_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 
-/// Declares the program of one vmalloc tracepoint: one event of `kind` with the fields of
-/// `layout`; a failed emit was already counted in LOST.
+/// Declares the programs of one vmalloc tracepoint: one event of `kind` with the fields of
+/// `layout` (`raw_layout` on the raw tracepoint); a failed emit was already counted in LOST.
 macro_rules! vmalloc_tracepoint {
-    ($prog:ident, $name:literal, $kind:expr, $layout:ident) => {
-        tracepoint_pass_on! {
-            "vmalloc",
-            $name,
-            pub fn $prog(ctx: TracePointContext) -> u32 {
-                match emit(&ctx, $kind, &$layout.load()) {
-                    Ok(()) => 0,
-                    Err(_) => 1,
-                }
+    ($handler:ident, $prog:ident, $raw:ident, $name:literal, $kind:expr, $layout:ident, $raw_layout:ident) => {
+        #[inline(always)]
+        fn $handler<const RAW: bool>(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
+            let layout = if RAW {
+                $raw_layout.load()
+            } else {
+                $layout.load()
+            };
+            match emit::<RAW>(&ctx, $kind, &layout) {
+                Ok(()) => 0,
+                Err(_) => 1,
             }
         }
+        tracepoint_programs!("vmalloc", $name, $prog, $raw, $handler);
     };
 }
 
 vmalloc_tracepoint!(
+    on_alloc,
     vmalloc_alloc_vmap_area,
+    raw_vmalloc_alloc_vmap_area,
     "alloc_vmap_area",
     kind::ALLOC,
-    ALLOC_LAYOUT
+    ALLOC_LAYOUT,
+    ALLOC_RAW_LAYOUT
 );
 vmalloc_tracepoint!(
+    on_free,
     vmalloc_free_vmap_area_noflush,
+    raw_vmalloc_free_vmap_area_noflush,
     "free_vmap_area_noflush",
     kind::FREE,
-    FREE_LAYOUT
+    FREE_LAYOUT,
+    FREE_RAW_LAYOUT
 );
 vmalloc_tracepoint!(
+    on_purge,
     vmalloc_purge_vmap_area_lazy,
+    raw_vmalloc_purge_vmap_area_lazy,
     "purge_vmap_area_lazy",
     kind::PURGE,
-    PURGE_LAYOUT
+    PURGE_LAYOUT,
+    PURGE_RAW_LAYOUT
 );

@@ -10,7 +10,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::{fentry, fexit, kprobe, kretprobe, map},
     maps::HashMap,
-    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
 use vmtrace_common::{counter, kind, work as w, TpLayout, MAX_FIELDS};
@@ -23,6 +23,17 @@ static WQ_START_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// `work, function`.
 #[unsafe(no_mangle)]
 static WQ_END_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// `work` only: `workqueue_execute_start`'s prototype has no function argument, which is read
+/// from the work item at [`WORK_FUNC_OFFSET`].
+#[unsafe(no_mangle)]
+static WQ_START_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// `work, function`.
+#[unsafe(no_mangle)]
+static WQ_END_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// Byte offset of `func` in `struct work_struct` (BTF); `u64::MAX` if unknown, and then user
+/// space does not attach the raw start program.
+#[unsafe(no_mangle)]
+static WORK_FUNC_OFFSET: Global<u64> = Global::new(u64::MAX);
 /// Addresses of `drain_vmap_area_work` and `purge_vmap_node` (0 = absent).
 #[unsafe(no_mangle)]
 static WORK_FUNCS: Global<[u64; 2]> = Global::new([0; 2]);
@@ -51,54 +62,82 @@ fn is_vmap_work(function: u64) -> bool {
     function != 0 && (function == f[0] || function == f[1])
 }
 
-tracepoint_pass_on! {
-    "workqueue",
-    "workqueue_execute_start",
-    pub fn workqueue_execute_start(ctx: TracePointContext) -> u32 {
-        let layout = WQ_START_LAYOUT.load();
-        let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-        if !is_vmap_work(function) {
+#[inline(always)]
+fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
+    let function = if RAW {
+        let layout = WQ_START_RAW_LAYOUT.load();
+        let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+        let off = WORK_FUNC_OFFSET.load();
+        if work == 0 || off == u64::MAX {
             return 0;
         }
-        let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-        let s = Started {
-            ts: now_ns(),
-            cpu: this_cpu(),
-        };
-        let _ = WORK_START.insert(work, s, 0);
-        0
+        // SAFETY: the work item the kernel is about to run; a bad read is an error.
+        unsafe { bpf_probe_read_kernel((work + off) as *const u64) }.unwrap_or(0)
+    } else {
+        read_field(&ctx, &WQ_START_LAYOUT.load().fields[1]).unwrap_or(0)
+    };
+    if !is_vmap_work(function) {
+        return 0;
+    }
+    let layout = if RAW {
+        WQ_START_RAW_LAYOUT.load()
+    } else {
+        WQ_START_LAYOUT.load()
+    };
+    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let s = Started {
+        ts: now_ns(),
+        cpu: this_cpu(),
+    };
+    let _ = WORK_START.insert(work, s, 0);
+    0
+}
+
+#[inline(always)]
+fn on_execute_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
+    let layout = if RAW {
+        WQ_END_RAW_LAYOUT.load()
+    } else {
+        WQ_END_LAYOUT.load()
+    };
+    let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    if !is_vmap_work(function) {
+        return 0;
+    }
+    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    // SAFETY: map value copied out before the delete.
+    let Some(s) = (unsafe { WORK_START.get(work) }).copied() else {
+        bump(counter::WORK_UNMATCHED_END);
+        return 0;
+    };
+    let _ = WORK_START.remove(work);
+    let mut v = [0u64; MAX_FIELDS];
+    v[w::WORK] = work;
+    v[w::FUNCTION] = function;
+    v[w::START_NS] = s.ts;
+    v[w::DURATION_NS] = now_ns().saturating_sub(s.ts);
+    v[w::START_CPU] = s.cpu;
+    v[w::NR_PURGED] = u64::MAX;
+    match emit_values(&ctx, kind::WORK, &v) {
+        Ok(()) => 0,
+        Err(_) => 1,
     }
 }
 
-tracepoint_pass_on! {
+tracepoint_programs!(
+    "workqueue",
+    "workqueue_execute_start",
+    workqueue_execute_start,
+    raw_workqueue_execute_start,
+    on_execute_start
+);
+tracepoint_programs!(
     "workqueue",
     "workqueue_execute_end",
-    pub fn workqueue_execute_end(ctx: TracePointContext) -> u32 {
-        let layout = WQ_END_LAYOUT.load();
-        let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
-        if !is_vmap_work(function) {
-            return 0;
-        }
-        let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-        // SAFETY: map value copied out before the delete.
-        let Some(s) = (unsafe { WORK_START.get(work) }).copied() else {
-            bump(counter::WORK_UNMATCHED_END);
-            return 0;
-        };
-        let _ = WORK_START.remove(work);
-        let mut v = [0u64; MAX_FIELDS];
-        v[w::WORK] = work;
-        v[w::FUNCTION] = function;
-        v[w::START_NS] = s.ts;
-        v[w::DURATION_NS] = now_ns().saturating_sub(s.ts);
-        v[w::START_CPU] = s.cpu;
-        v[w::NR_PURGED] = u64::MAX;
-        match emit_values(&ctx, kind::WORK, &v) {
-            Ok(()) => 0,
-            Err(_) => 1,
-        }
-    }
-}
+    workqueue_execute_end,
+    raw_workqueue_execute_end,
+    on_execute_end
+);
 
 #[inline(always)]
 fn node_enter(vn: u64) {

@@ -3,7 +3,9 @@
 //! One run measures the same `vmtrace stress fix-size` workload under each condition of
 //! [`CONDITIONS`]: untraced; under `vmtrace record` with the foundation probes only (the three
 //! vmalloc tracepoints, which is what the bpftrace baseline counts), with the default probes,
-//! and with the issue-4 ladder set; under `vmtrace serve` scraped every second, with and without
+//! and with the issue-4 ladder set (the foundation and ladder runs once more with
+//! `VMTRACE_TRACEPOINTS=perf`, to show what attaching raw tracepoints saves); under
+//! `vmtrace serve` scraped every second, with and without
 //! `--record`; under a bpftrace script counting the same three tracepoints; and under
 //! `perf record -e 'vmalloc:*'`. The workload reports its own throughput, so tracer start-up and
 //! tear-down are not counted. Conditions are interleaved round by round and compared by their
@@ -56,8 +58,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub keep: bool,
     /// Measure only these conditions, comma-separated (default: all): untraced, foundation,
-    /// record, ladder, serve, serve-record, bpftrace, perf. `untraced` is always measured: it
-    /// is the baseline of every ratio.
+    /// record, ladder, foundation-perf, ladder-perf (the same with perf tracepoints), serve,
+    /// serve-record, bpftrace, perf. `untraced` is always measured: it is the baseline of every
+    /// ratio.
     #[arg(long, value_delimiter = ',', value_name = "CONDITIONS")]
     pub only: Vec<String>,
     /// Soak instead of the overhead table: run `vmtrace serve --record` this long (`10m`) under
@@ -80,7 +83,7 @@ struct Condition {
 }
 
 /// Every condition, in the order each round measures them.
-const CONDITIONS: [Condition; 8] = [
+const CONDITIONS: [Condition; 10] = [
     Condition {
         key: "untraced",
         label: "untraced",
@@ -96,6 +99,14 @@ const CONDITIONS: [Condition; 8] = [
     Condition {
         key: "ladder",
         label: "record +ladder",
+    },
+    Condition {
+        key: "foundation-perf",
+        label: "record --probes none, perf tracepoints",
+    },
+    Condition {
+        key: "ladder-perf",
+        label: "record +ladder, perf tracepoints",
     },
     Condition {
         key: "serve",
@@ -223,9 +234,13 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         c
     };
     // `vmtrace record` with some probes, its footer as what the tracer reported.
-    let under_record = |probes: &str, trace: &Path| {
+    // `perf`: every tracepoint as a perf tracepoint program, as before raw attach existed.
+    let under_record = |probes: &str, trace: &Path, perf: bool| {
         let mut record = Command::new(&vmtrace);
         record.args(["record", "--probes", probes, "-o"]).arg(trace);
+        if perf {
+            record.env("VMTRACE_TRACEPOINTS", "perf");
+        }
         (with_stress(record), trace.to_path_buf())
     };
     let record_footer = |c: &mut Command, trace: &Path| {
@@ -248,14 +263,17 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
                 "untraced" => measure(*c, stress(&vmtrace), |cmd| {
                     run_workload(cmd).map(|(r, _)| (r, None))
                 }),
-                "foundation" | "record" | "ladder" => {
+                "foundation" | "record" | "ladder" | "foundation-perf" | "ladder-perf" => {
                     let probes = match c.key {
-                        "foundation" => "none",
+                        "foundation" | "foundation-perf" => "none",
                         "record" => default_probes.as_str(),
                         _ => LADDER_PROBES,
                     };
-                    let (cmd, trace) =
-                        under_record(probes, &dir.join(format!("vmtrace-{}.jsonl", c.key)));
+                    let (cmd, trace) = under_record(
+                        probes,
+                        &dir.join(format!("vmtrace-{}.jsonl", c.key)),
+                        c.key.ends_with("-perf"),
+                    );
                     let o = measure(*c, cmd, |cmd| record_footer(cmd, &trace));
                     if !args.keep {
                         let _ = fs::remove_file(&trace);
@@ -393,7 +411,7 @@ fn comparisons(outcomes: &[Outcome]) -> Vec<Comparison> {
             .find(|o| o.key == key)
             .and_then(|o| o.paired_ratio.or(o.ratio_to_untraced))
     };
-    let specs: [(&str, &str, &str, &str, bool); 5] = [
+    let specs: [(&str, &str, &str, &str, bool); 7] = [
         (
             "foundation vs bpftrace",
             "vmtrace with the same three tracepoints bpftrace counts: the fair comparison (goal: no slower)",
@@ -413,6 +431,20 @@ fn comparisons(outcomes: &[Outcome]) -> Vec<Comparison> {
             "throughput kept with the ladder probes relative to the foundation probes alone; 1 - quotient is the overhead beyond the foundation",
             "ladder",
             "foundation",
+            false,
+        ),
+        (
+            "raw vs perf tracepoints (foundation)",
+            "the foundation probes attached as raw tracepoints against the same programs as perf tracepoints",
+            "foundation",
+            "foundation-perf",
+            false,
+        ),
+        (
+            "raw vs perf tracepoints (ladder)",
+            "the ladder probes attached as raw tracepoints against the same programs as perf tracepoints",
+            "ladder",
+            "ladder-perf",
             false,
         ),
         (

@@ -3,6 +3,7 @@
 //! Nothing here attaches probes; `probe/` uses these facts to load, and `record` writes them into
 //! the trace header so a replay knows the machine the trace came from.
 
+pub mod btf;
 pub mod kallsyms;
 pub mod kptr;
 pub mod meminfo;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use aya::{
     maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{FEntry, FExit, KProbe, TracePoint},
+    programs::{FEntry, FExit, KProbe, RawTracePoint, TracePoint},
     Btf, Ebpf, EbpfLoader,
 };
 use vmtrace_common::{
@@ -13,6 +13,7 @@ use vmtrace_common::{
 };
 
 use super::ladder::{self, Choice, ProgSpec, Rung};
+use super::raw::{self, RawPlan};
 use crate::host::kallsyms::Kallsyms;
 
 use crate::host::{
@@ -170,6 +171,8 @@ pub fn build_layout(
         logical: None,
         refused: Vec::new(),
         note: None,
+        attach: None,
+        attach_fallback: None,
     };
     Ok((layout, info))
 }
@@ -180,7 +183,10 @@ pub struct LoadedProbes {
     pub infos: Vec<ProbeInfo>,
     pub ring_bytes: u64,
     lost: PerCpuArray<MapData, u64>,
-    links: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>,
+    /// Owned links of the three vmalloc tracepoints; dropping one detaches it.
+    links: Vec<Box<dyn std::any::Any>>,
+    /// The program attached to each of [`TRACEPOINTS`]: the raw twin or the perf program.
+    vmalloc_programs: Vec<&'static str>,
     /// Owned links of the ladder probes; dropping one detaches it.
     optional_links: Vec<Box<dyn std::any::Any>>,
     counters: Option<PerCpuArray<MapData, u64>>,
@@ -443,10 +449,39 @@ impl LoadedProbes {
             }
         }
 
+        // Raw attach: argument slots and struct offsets from kernel BTF.
+        let kbtf = crate::host::btf::KernelBtf::read().map_err(|e| e.to_string());
+        let work_func_offset = kbtf
+            .as_ref()
+            .ok()
+            .and_then(|b| b.member_offset("work_struct", "func"));
+        // The richer purge rungs see `&vn->purge_work`, not `vn`: the offset they read at is
+        // `nr_purged`'s relative to that member (wrapping if it comes first).
+        let nr_purged_offset = kbtf.as_ref().ok().and_then(|b| {
+            let nr_purged = b.member_offset("vmap_node", "nr_purged")?;
+            let work = b.member_offset("vmap_node", "purge_work")?;
+            Some(nr_purged.wrapping_sub(work))
+        });
+        let plans = raw::plan(kbtf.as_ref().map_err(String::as_str), work_func_offset);
+
         let mut loader = EbpfLoader::new();
         for (global, layout) in &layouts {
             loader.override_global(global, layout, true);
         }
+        let raw_layouts: Vec<(&str, TpLayout)> = plans
+            .iter()
+            .map(|p| {
+                let layout = p.layout.clone().unwrap_or(TpLayout::EMPTY);
+                (p.twin.layout_global, layout)
+            })
+            .collect();
+        for (global, layout) in &raw_layouts {
+            loader.override_global(global, layout, true);
+        }
+        let work_func_offset_value = work_func_offset.unwrap_or(u64::MAX);
+        let nr_purged_offset_value = nr_purged_offset.unwrap_or(u64::MAX);
+        loader.override_global(names::WORK_FUNC_OFFSET, &work_func_offset_value, true);
+        loader.override_global(names::NR_PURGED_OFFSET, &nr_purged_offset_value, true);
         let empty = RangeSet::EMPTY;
         let (lock_ranges, pt_ranges, map_ranges, page_ranges, work_funcs) = match &ksyms {
             Some(k) => {
@@ -481,47 +516,42 @@ impl LoadedProbes {
             .load(PROBES_OBJECT)
             .map_err(|e| classify_load_error(Box::new(e)))?;
         start_probe_logger(&mut ebpf);
-        let mut links = Vec::new();
-        for spec in &TRACEPOINTS {
-            let program: &mut TracePoint = ebpf
-                .program_mut(spec.program)
-                .ok_or_else(|| ProbeError::Program {
-                    program: spec.program.into(),
-                    action: "lookup",
-                    source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
-                })?
-                .try_into()
-                .map_err(|e| ProbeError::Program {
-                    program: spec.program.into(),
-                    action: "type check",
-                    source: Box::new(e),
-                })?;
-            program.load().map_err(|e| ProbeError::Program {
+        let mut links: Vec<Box<dyn std::any::Any>> = Vec::new();
+        let mut vmalloc_programs = Vec::new();
+        for (spec, info) in TRACEPOINTS.iter().zip(infos.iter_mut()) {
+            let (link, how) = attach_tracepoint(
+                &mut ebpf,
+                spec.program,
+                &format!("{}:{}", spec.category, spec.name),
+                &plans,
+            )
+            .map_err(|(action, e)| ProbeError::Program {
                 program: spec.program.into(),
-                action: "verifier load",
+                action,
                 source: Box::new(e),
             })?;
-            let link =
-                program
-                    .attach(spec.category, spec.name)
-                    .map_err(|e| ProbeError::Program {
-                        program: spec.program.into(),
-                        action: "attach",
-                        source: Box::new(e),
-                    })?;
-            links.push((spec.program, link));
             log::info!(
-                "attached {} to tracepoint {}:{}",
+                "attached {} to tracepoint {}:{} ({})",
                 spec.program,
                 spec.category,
-                spec.name
+                spec.name,
+                how.name()
             );
+            how.describe(info);
+            links.push(link);
+            let program = match (&how, raw::twin_of(spec.program)) {
+                (Attached::Raw, Some(twin)) => twin.raw_program,
+                _ => spec.program,
+            };
+            info.program = program.into();
+            vmalloc_programs.push(program);
         }
 
         // The ladder probes: optional, so a failure is reported, never fatal.
         let btf = Btf::from_sys_fs().ok();
         let mut optional_links: Vec<Box<dyn std::any::Any>> = Vec::new();
         let mut attached_tps: Vec<&'static str> = Vec::new();
+        let mut attach_how: Vec<(&'static str, Attached)> = Vec::new();
         for choice in &mut choices {
             let progs: &[ProgSpec] = match choice.rung {
                 Rung::Fentry => choice.logical.fentry,
@@ -551,8 +581,20 @@ impl LoadedProbes {
                 if attached_tps.contains(&spec.program) {
                     continue;
                 }
-                match attach_one(&mut ebpf, choice.rung, spec, btf.as_ref(), ksyms.as_ref()) {
-                    Ok(link) => new_links.push((spec.program, link)),
+                match attach_one(
+                    &mut ebpf,
+                    choice.rung,
+                    spec,
+                    btf.as_ref(),
+                    ksyms.as_ref(),
+                    &plans,
+                ) {
+                    Ok((link, how)) => {
+                        if let Some(how) = how {
+                            attach_how.push((spec.target, how));
+                        }
+                        new_links.push((spec.program, link))
+                    }
                     Err(why) => {
                         failure = Some(why);
                         break;
@@ -595,7 +637,45 @@ impl LoadedProbes {
                         .join("; ")
                 );
             }
-            infos.push(ladder_info(choice, &ladder_fields, ksyms.as_ref()));
+            let mut info = ladder_info(choice, &ladder_fields, ksyms.as_ref());
+            if choice.rung == Rung::Tracepoint {
+                let progs = choice.logical.tracepoint;
+                // One entry per logical probe: the first target's way stands for all, and a
+                // mixed attach says so.
+                let hows: Vec<&Attached> = progs
+                    .iter()
+                    .filter_map(|p| attach_how.iter().find(|(t, _)| *t == p.target))
+                    .map(|(_, h)| h)
+                    .collect();
+                if let Some(first) = hows.first() {
+                    first.describe(&mut info);
+                    info.program = progs
+                        .iter()
+                        .map(|p| {
+                            let raw = attach_how
+                                .iter()
+                                .any(|(t, h)| *t == p.target && matches!(h, Attached::Raw));
+                            match raw::twin_of(p.program) {
+                                Some(twin) if raw => twin.raw_program,
+                                _ => p.program,
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join("+");
+                    let perf: Vec<String> = hows
+                        .iter()
+                        .filter_map(|h| match h {
+                            Attached::Perf(Some(why)) => Some(why.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    if hows.iter().any(|h| matches!(h, Attached::Perf(_))) {
+                        info.attach = Some("perf".into());
+                        info.attach_fallback = (!perf.is_empty()).then(|| perf.join("; "));
+                    }
+                }
+            }
+            infos.push(info);
         }
 
         let lost_map = ebpf.take_map(names::LOST).ok_or(ProbeError::Map {
@@ -623,6 +703,7 @@ impl LoadedProbes {
             ring_bytes,
             lost,
             links,
+            vmalloc_programs,
             optional_links,
             counters,
             backing,
@@ -637,16 +718,15 @@ impl LoadedProbes {
         let id = u32::try_from(stack_id).ok()?;
         let trace = self.stacks.as_ref()?.get(&id, 0).ok()?;
         let k = self.ksyms.as_ref();
-        Some(
-            trace
-                .frames()
-                .iter()
-                .map(|f| match k {
-                    Some(k) => k.format(f.ip),
-                    None => format!("{:#x}", f.ip),
-                })
-                .collect(),
-        )
+        let frames: Vec<String> = trace
+            .frames()
+            .iter()
+            .map(|f| match k {
+                Some(k) => k.format(f.ip),
+                None => format!("{:#x}", f.ip),
+            })
+            .collect();
+        Some(strip_bpf_frames(frames))
     }
 
     /// Sum over CPUs of one `COUNTERS` slot.
@@ -681,16 +761,7 @@ impl LoadedProbes {
     /// footer then balances exactly.
     pub fn detach(&mut self) {
         self.optional_links.clear();
-        for (name, link) in self.links.drain(..) {
-            let detached = self
-                .ebpf
-                .program_mut(name)
-                .and_then(|p| <&mut TracePoint>::try_from(p).ok())
-                .map(|p| p.detach(link));
-            if let Some(Err(e)) = detached {
-                log::warn!("detaching {name}: {e}");
-            }
-        }
+        self.links.clear();
     }
 
     /// Takes the event ring buffer; call once.
@@ -716,8 +787,9 @@ impl LoadedProbes {
         }
         TRACEPOINTS
             .iter()
-            .map(|spec| {
-                let info = self.ebpf.program(spec.program)?.info().ok()?;
+            .zip(&self.vmalloc_programs)
+            .map(|(spec, program)| {
+                let info = self.ebpf.program(program)?.info().ok()?;
                 Some(ProbeRunStats {
                     probe: format!("{}:{}", spec.category, spec.name),
                     run_count: info.run_count(),
@@ -751,7 +823,15 @@ fn attach_one(
     spec: &ProgSpec,
     btf: Option<&Btf>,
     ksyms: Option<&Kallsyms>,
-) -> Result<Box<dyn std::any::Any>, String> {
+    plans: &[RawPlan],
+) -> Result<(Box<dyn std::any::Any>, Option<Attached>), String> {
+    if rung == Rung::Tracepoint {
+        return attach_tracepoint(ebpf, spec.program, spec.target, plans)
+            .map(|(link, how)| (link, Some(how)))
+            .map_err(|(action, e)| {
+                ladder::describe_error(&format!("{action} {} on {}", spec.program, spec.target), &e)
+            });
+    }
     let target = ladder::resolve_target(spec.target, ksyms);
     let prog = ebpf
         .program_mut(spec.program)
@@ -760,36 +840,129 @@ fn attach_one(
         ladder::describe_error(&format!("{action} {} on {target}", spec.program), e)
     };
     match rung {
-        Rung::Tracepoint => {
-            let p: &mut TracePoint = prog.try_into().map_err(|e| err("type check", &e))?;
-            p.load().map_err(|e| err("verifier load", &e))?;
-            let (category, name) = spec.target.split_once(':').unwrap_or(("", spec.target));
-            let id = p.attach(category, name).map_err(|e| err("attach", &e))?;
-            let link = p.take_link(id).map_err(|e| err("link", &e))?;
-            Ok(Box::new(link))
-        }
         Rung::Fentry => {
             let btf = btf.ok_or_else(|| "no kernel BTF".to_string())?;
             if spec.ret {
                 let p: &mut FExit = prog.try_into().map_err(|e| err("type check", &e))?;
                 p.load(&target, btf).map_err(|e| err("load", &e))?;
                 let id = p.attach().map_err(|e| err("attach", &e))?;
-                Ok(Box::new(p.take_link(id).map_err(|e| err("link", &e))?))
+                let link: Box<dyn std::any::Any> =
+                    Box::new(p.take_link(id).map_err(|e| err("link", &e))?);
+                Ok(link)
             } else {
                 let p: &mut FEntry = prog.try_into().map_err(|e| err("type check", &e))?;
                 p.load(&target, btf).map_err(|e| err("load", &e))?;
                 let id = p.attach().map_err(|e| err("attach", &e))?;
-                Ok(Box::new(p.take_link(id).map_err(|e| err("link", &e))?))
+                let link: Box<dyn std::any::Any> =
+                    Box::new(p.take_link(id).map_err(|e| err("link", &e))?);
+                Ok(link)
             }
         }
         Rung::Kprobe => {
             let p: &mut KProbe = prog.try_into().map_err(|e| err("type check", &e))?;
             p.load().map_err(|e| err("load", &e))?;
             let id = p.attach(&target, 0).map_err(|e| err("attach", &e))?;
-            Ok(Box::new(p.take_link(id).map_err(|e| err("link", &e))?))
+            let link: Box<dyn std::any::Any> =
+                Box::new(p.take_link(id).map_err(|e| err("link", &e))?);
+            Ok(link)
         }
-        Rung::None => Err("no rung".into()),
+        // The tracepoint rung returned above.
+        Rung::Tracepoint | Rung::None => Err("no rung".into()),
     }
+    .map(|link| (link, None))
+}
+
+/// Drops the frames a raw tracepoint program's stack starts with (the program, shown as an
+/// address past the kernel text, and `bpf_trace_run<N>`), so that every rung's stacks start at
+/// the tracepoint's call site, as a perf tracepoint's do, and the classifier's "first frame
+/// that is not a lock primitive" is the acquirer. Found by name, not by a fixed count: how many
+/// frames the tracing glue adds depends on the kernel build.
+pub fn strip_bpf_frames(mut frames: Vec<String>) -> Vec<String> {
+    let glue = frames
+        .iter()
+        .take(vmtrace_common::RAW_EXTRA_FRAMES + 4)
+        .rposition(|f| f.starts_with("bpf_trace_run"));
+    if let Some(last) = glue {
+        frames.drain(..=last);
+    }
+    frames
+}
+
+/// A program's link; dropping it detaches the program.
+type OwnedLink = Box<dyn std::any::Any>;
+
+/// How a tracepoint program attached.
+#[derive(Debug, Clone)]
+enum Attached {
+    Raw,
+    /// As a perf tracepoint; with the reason when a raw attach was wanted.
+    Perf(Option<String>),
+}
+
+impl Attached {
+    fn name(&self) -> &'static str {
+        match self {
+            Attached::Raw => "raw_tp",
+            Attached::Perf(_) => "perf",
+        }
+    }
+
+    fn describe(&self, info: &mut ProbeInfo) {
+        info.attach = Some(self.name().into());
+        if let Attached::Perf(why) = self {
+            info.attach_fallback = why.clone();
+        }
+    }
+}
+
+/// Attaches the program of tracepoint `target` (`category:name`): its raw twin where the plan
+/// has a layout for it and the kernel takes it, the perf tracepoint program otherwise.
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    perf_program: &'static str,
+    target: &str,
+    plans: &[RawPlan],
+) -> Result<(OwnedLink, Attached), (&'static str, aya::programs::ProgramError)> {
+    let (category, name) = target.split_once(':').unwrap_or(("", target));
+    let plan = plans.iter().find(|p| p.twin.perf_program == perf_program);
+    let why_perf = match plan.map(|p| &p.layout) {
+        None => None,
+        Some(Err(why)) => Some(why.clone()),
+        Some(Ok(_)) => {
+            let raw_program = plan.map_or("", |p| p.twin.raw_program);
+            match attach_raw(ebpf, raw_program, name) {
+                Ok(link) => return Ok((link, Attached::Raw)),
+                Err(e) => {
+                    log::warn!("raw tracepoint {name}: {e}; attaching the perf tracepoint");
+                    Some(format!("raw attach failed: {e}"))
+                }
+            }
+        }
+    };
+    let missing = || aya::programs::ProgramError::UnexpectedProgramType;
+    let p: &mut TracePoint = ebpf
+        .program_mut(perf_program)
+        .ok_or(("lookup", missing()))?
+        .try_into()
+        .map_err(|e| ("type check", e))?;
+    p.load().map_err(|e| ("verifier load", e))?;
+    let id = p.attach(category, name).map_err(|e| ("attach", e))?;
+    let link = p.take_link(id).map_err(|e| ("link", e))?;
+    Ok((Box::new(link), Attached::Perf(why_perf)))
+}
+
+fn attach_raw(
+    ebpf: &mut Ebpf,
+    program: &str,
+    name: &str,
+) -> Result<Box<dyn std::any::Any>, aya::programs::ProgramError> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(program)
+        .ok_or(aya::programs::ProgramError::UnexpectedProgramType)?
+        .try_into()?;
+    p.load()?;
+    let id = p.attach(name)?;
+    Ok(Box::new(p.take_link(id)?))
 }
 
 /// The header entry of one logical probe.
@@ -850,6 +1023,8 @@ fn ladder_info(
             })
             .collect(),
         note,
+        attach: None,
+        attach_fallback: None,
     }
 }
 
@@ -996,5 +1171,26 @@ mod tests {
             build_layout(&TRACEPOINTS[0], &f),
             Err(ProbeError::BadFieldSize { .. })
         ));
+    }
+
+    #[test]
+    fn raw_tracepoint_glue_frames_are_stripped_by_name() {
+        let v = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // As recorded on the reference machine: the JIT image resolves to the last text
+        // symbol.
+        let raw = v(&[
+            "_einittext+0x3c8322f7",
+            "bpf_trace_run2+0x159",
+            "__pv_queued_spin_lock_slowpath+0x10e",
+            "_raw_spin_lock+0x29",
+            "alloc_vmap_area+0x1a2",
+        ]);
+        assert_eq!(strip_bpf_frames(raw.clone()), raw[2..].to_vec());
+        // A perf tracepoint's stack is left alone.
+        assert_eq!(strip_bpf_frames(raw[2..].to_vec()), raw[2..].to_vec());
+        // Only the top of the stack is searched.
+        let mut deep = v(&["a", "b", "c", "d", "e", "f", "g"]);
+        deep.push("bpf_trace_run1+0x1".into());
+        assert_eq!(strip_bpf_frames(deep.clone()), deep);
     }
 }

@@ -34,7 +34,8 @@ pub fn run(args: &ProbesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One row per probe: logical name, chosen rung, attach point, and the refused rungs.
+/// One row per probe: logical name, chosen rung (with how a tracepoint attached), attach
+/// point, and the refused rungs.
 pub fn render(infos: &[ProbeInfo]) -> String {
     let rows: Vec<[String; 4]> = infos
         .iter()
@@ -47,9 +48,16 @@ pub fn render(infos: &[ProbeInfo]) -> String {
             if let Some(note) = &i.note {
                 why.push(note.clone());
             }
+            if let Some(fallback) = &i.attach_fallback {
+                why.push(format!("perf tracepoint because {fallback}"));
+            }
+            let rung = match &i.attach {
+                Some(how) => format!("{} ({how})", i.rung),
+                None => i.rung.clone(),
+            };
             [
                 i.logical.clone().unwrap_or_else(|| "vmalloc_events".into()),
-                i.rung.clone(),
+                rung,
                 i.probe.clone(),
                 why.join(" | "),
             ]

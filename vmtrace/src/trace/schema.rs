@@ -111,6 +111,14 @@ pub struct ProbeInfo {
     /// What the chosen rung cannot give (e.g. no latency on the tracepoint rung).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// On the tracepoint rung, how it attached: `raw_tp` (a raw tracepoint, arguments found in
+    /// kernel BTF) or `perf` (the tracefs record); absent in traces from before the raw
+    /// attach and on the other rungs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<String>,
+    /// Why a tracepoint attached as `perf` rather than `raw_tp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach_fallback: Option<String>,
 }
 
 /// A rung of the strategy ladder that could not be used, and why.

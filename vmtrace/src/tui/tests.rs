@@ -54,6 +54,8 @@ fn probe(name: &str, logical: Option<&str>, rung: &str) -> ProbeInfo {
         logical: logical.map(str::to_string),
         refused: vec![],
         note: None,
+        attach: None,
+        attach_fallback: None,
     }
 }
 
