@@ -12,7 +12,7 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::{fentry, fexit, kprobe, kretprobe, map},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{
         tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
         TracePointContext,
@@ -62,6 +62,57 @@ pub struct Pending {
     matched: u64,
 }
 
+/// What the stack filter decided per lock address: how many waits on it it dropped, or
+/// [`KEPT`] once one passed. Most contention in the system is on a handful of hot locks that
+/// are never vmap locks (zone and slab locks, BPF's id locks under the stress mix: over 90 % of
+/// `contention_begin` hits on the reference machine), and walking the stack of every wait on
+/// them was most of the lock probe's cost. After [`SKIP_AFTER`] drops and no keep, a lock's
+/// waits are dropped without the walk, except every [`RECHECK`]th, so a lock taken on vmap
+/// paths too (`init_mm.page_table_lock`) is still found and then never skipped. The vmap
+/// locks are static or per node and never move, so an address keeps its meaning; the LRU
+/// forgets addresses of freed objects.
+#[map]
+static LOCK_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+/// [`LOCK_VERDICT`] value of a lock with at least one wait kept.
+const KEPT: u64 = u64::MAX;
+const SKIP_AFTER: u64 = 64;
+const RECHECK: u64 = 64;
+
+/// Whether the filter may drop this wait without walking the stack; counts the drop.
+#[inline(always)]
+fn skip_walk(lock: u64) -> bool {
+    let Some(v) = LOCK_VERDICT.get_ptr_mut(lock) else {
+        return false;
+    };
+    // SAFETY: a map value pointer; a racing update from another CPU only skews a count.
+    unsafe {
+        let drops = *v;
+        if drops == KEPT || drops < SKIP_AFTER {
+            return false;
+        }
+        *v = drops + 1;
+        drops % RECHECK != 0
+    }
+}
+
+/// Records the filter's verdict on a walked wait.
+#[inline(always)]
+fn record_verdict(lock: u64, kept: bool) {
+    match LOCK_VERDICT.get_ptr_mut(lock) {
+        // SAFETY: as in `skip_walk`.
+        Some(v) => unsafe {
+            if kept {
+                *v = KEPT;
+            } else if *v != KEPT {
+                *v += 1;
+            }
+        },
+        None => {
+            let _ = LOCK_VERDICT.insert(lock, if kept { KEPT } else { 1 }, 0);
+        }
+    }
+}
+
 /// Pending spinlock waits, one per CPU (`lock == 0`: none).
 #[map]
 static PENDING_CPU: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
@@ -87,10 +138,16 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
         bump(counter::CONTENTION_NESTED);
         return;
     }
+    if skip_walk(lock) {
+        bump(counter::CONTENTION_FILTERED);
+        return;
+    }
     let Some(matched) = stack_hits::<C, DEPTH>(ctx, global_ptr(&LOCK_RANGES)) else {
+        record_verdict(lock, false);
         bump(counter::CONTENTION_FILTERED);
         return;
     };
+    record_verdict(lock, true);
     let stack_id = match ctx.get_stackid(&STACKS, 0) {
         Ok(id) => id,
         Err(e) => {

@@ -41,13 +41,14 @@ fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
 
 /// Records a 2-thread stress mix meant to contend on the vmap locks: BPF-map churn on two
 /// threads plus thread-stack churn on two more.
-fn record_contending_mix() -> (tempfile::TempDir, PathBuf) {
+fn record_contending_mix(mode: &str) -> (tempfile::TempDir, PathBuf) {
     let (dir, out) = tmp("mix.jsonl");
     let mix = format!(
         "{VMTRACE} stress fix-size --threads 2 -d 4s >/dev/null & \
          {VMTRACE} stress thread-churn --threads 2 -d 4s >/dev/null; wait"
     );
     let status = Command::new(VMTRACE)
+        .env("VMTRACE_TRACEPOINTS", mode)
         .args(["record", "-q", "--probes", "all", "-o"])
         .arg(&out)
         .args(["--", "sh", "-c", &mix])
@@ -59,10 +60,21 @@ fn record_contending_mix() -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn contention_on_vmap_paths_is_classified() {
+    contention_is_classified("raw");
+}
+
+/// The perf tracepoint programs, the fallback where raw tracepoints are refused, classify the
+/// same: their stacks start at the call site without the raw program's own frames.
+#[test]
+fn contention_is_classified_on_perf_tracepoints_too() {
+    contention_is_classified("perf");
+}
+
+fn contention_is_classified(mode: &str) {
     if !privileged() {
         return;
     }
-    let (_dir, out) = record_contending_mix();
+    let (_dir, out) = record_contending_mix(mode);
     let (header, records, footer) = read_trace(&out);
     let lock = header
         .probes
@@ -70,6 +82,18 @@ fn contention_on_vmap_paths_is_classified() {
         .find(|p| p.logical.as_deref() == Some("lock_waits"))
         .expect("a lock_waits probe in the header");
     assert_eq!(lock.rung, "tracepoint");
+    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
+    let want = if mode == "raw" && btf {
+        "raw_tp"
+    } else {
+        "perf"
+    };
+    assert_eq!(
+        lock.attach.as_deref(),
+        Some(want),
+        "{:?}",
+        lock.attach_fallback
+    );
     let waits: Vec<_> = records
         .iter()
         .filter_map(|r| match r {
@@ -104,7 +128,7 @@ fn contention_on_vmap_paths_is_classified() {
         assert_eq!((t.count, t.wait_ns), (n, ns), "{:?}", t.class);
     }
     let other = per_class.get(&LockClass::Other).map(|e| e.0).unwrap_or(0);
-    println!("contention events: {}", waits.len());
+    println!("contention events ({want}): {}", waits.len());
     for (class, (n, ns)) in &per_class {
         println!("  {:<16} {n:>6} waits  {ns:>12} ns total", class.name());
     }
@@ -127,7 +151,7 @@ fn purges_from_drain_work_match_a_work_item() {
     if !privileged() {
         return;
     }
-    let (_dir, out) = record_contending_mix();
+    let (_dir, out) = record_contending_mix("raw");
     let (_header, records, footer) = read_trace(&out);
     let works: Vec<_> = records
         .iter()

@@ -83,13 +83,38 @@ fn format_offsets(category: &str, name: &str) -> Vec<(String, u16)> {
 
 #[test]
 fn record_fix_size_stress_matches_the_kernel() {
+    fix_size_stress_matches_the_kernel(None);
+}
+
+/// The same against the perf tracepoint programs, the fallback where raw tracepoints are
+/// refused: both attach paths must give the kernel's view.
+#[test]
+fn record_on_perf_tracepoints_matches_the_kernel() {
+    fix_size_stress_matches_the_kernel(Some("perf"));
+}
+
+/// How the vmalloc tracepoints attach when `VMTRACE_TRACEPOINTS` is `mode`: raw wherever
+/// kernel BTF exists unless perf is forced.
+fn expected_attach(mode: Option<&str>) -> &'static str {
+    if mode == Some("perf") || !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        "perf"
+    } else {
+        "raw_tp"
+    }
+}
+
+fn fix_size_stress_matches_the_kernel(mode: Option<&str>) {
     if !privileged() {
         return;
     }
     let dir = tmpdir();
     let out = dir.path().join("t.jsonl");
     let _stats = Sysctl::set("/proc/sys/kernel/bpf_stats_enabled", "1");
-    let status = Command::new(VMTRACE)
+    let mut cmd = Command::new(VMTRACE);
+    if let Some(mode) = mode {
+        cmd.env("VMTRACE_TRACEPOINTS", mode);
+    }
+    let status = cmd
         .args(["record", "-o"])
         .arg(&out)
         .args([
@@ -100,6 +125,19 @@ fn record_fix_size_stress_matches_the_kernel() {
     assert!(status.success(), "vmtrace record failed: {status}");
     common::assert_trace_valid(&out);
     let (header, records) = read_trace(&out);
+    for p in header.probes.iter().filter(|p| p.logical.is_none()) {
+        assert_eq!(
+            p.attach.as_deref(),
+            Some(expected_attach(mode)),
+            "{}: {:?}",
+            p.probe,
+            p.attach_fallback
+        );
+        if mode == Some("perf") {
+            let why = p.attach_fallback.as_deref().unwrap_or("");
+            assert!(why.contains("VMTRACE_TRACEPOINTS=perf"), "{why}");
+        }
+    }
 
     // Header against /sys and tracefs.
     let cpus = |f: &str| {

@@ -859,8 +859,14 @@ fn wait_attached(pid: u32, want: usize, timeout: Duration) -> String {
 
 fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
     banner("overhead: vmtrace stress fix-size throughput");
+    let w = outcomes
+        .iter()
+        .map(|o| o.condition.len())
+        .max()
+        .unwrap_or(0)
+        .max(9);
     println!(
-        "  {:<22} {:>12} {:>8} {:>8} {:>15}",
+        "  {:<w$} {:>12} {:>8} {:>8} {:>15}",
         "condition", "ops/s", "ratio", "paired", "rounds"
     );
     for o in outcomes {
@@ -878,7 +884,7 @@ fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
             "  (see warnings)"
         };
         println!(
-            "  {:<22} {ops:>12} {ratio:>8} {paired:>8} {range:>15}{flag}",
+            "  {:<w$} {ops:>12} {ratio:>8} {paired:>8} {range:>15}{flag}",
             o.condition
         );
     }
@@ -888,6 +894,7 @@ fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
         return;
     }
     println!();
+    let w = comparisons.iter().map(|c| c.name.len()).max().unwrap_or(0);
     for c in comparisons {
         let verdict = match c.goal_met {
             Some(true) => "  goal met",
@@ -895,7 +902,7 @@ fn print_table(outcomes: &[Outcome], comparisons: &[Comparison]) {
             None => "",
         };
         println!(
-            "  {:<26} {:.3} / {:.3} = {:.3}{verdict}",
+            "  {:<w$} {:.3} / {:.3} = {:.3}{verdict}",
             c.name, c.a_ratio, c.b_ratio, c.quotient
         );
     }
