@@ -44,7 +44,7 @@ impl Serialize for KAddr {
 }
 
 /// Formats without allocating: the writer calls this for several fields of every event.
-fn format_hex(v: u64, buf: &mut [u8; 18]) -> &str {
+pub(crate) fn format_hex(v: u64, buf: &mut [u8; 18]) -> &str {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let ndigits = (64 - v.leading_zeros() as usize).div_ceil(4);
     let ndigits = ndigits.max(1);
