@@ -242,6 +242,7 @@ pub mod names {
     pub const WQ_END_LAYOUT: &str = "WQ_END_LAYOUT";
     pub const PAGE_ALLOC_LAYOUT: &str = "PAGE_ALLOC_LAYOUT";
     pub const LOCK_RANGES: &str = "LOCK_RANGES";
+    pub const SELF_RANGES: &str = "SELF_RANGES";
     pub const PT_ALLOC_RANGES: &str = "PT_ALLOC_RANGES";
     pub const VMAP_MAP_RANGES: &str = "VMAP_MAP_RANGES";
     pub const VMALLOC_PAGE_RANGES: &str = "VMALLOC_PAGE_RANGES";

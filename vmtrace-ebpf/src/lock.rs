@@ -23,7 +23,7 @@ use vmtrace_common::{
     contention as c, counter, kind, RangeSet, TpLayout, MAX_FIELDS, RAW_EXTRA_FRAMES,
 };
 
-use crate::maps::{bump, emit_values, global_ptr, now_ns, read_field, stack_hits, STACKS};
+use crate::maps::{bump, emit_values, global_ptr, now_ns, read_field, stack_hits2, STACKS};
 
 /// `lock_addr, flags`.
 #[unsafe(no_mangle)]
@@ -39,6 +39,14 @@ static LOCK_END_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 /// The vmap functions a kept wait's stack must pass through.
 #[unsafe(no_mangle)]
 static LOCK_RANGES: Global<RangeSet> = Global::new(RangeSet::EMPTY);
+/// The ring buffer's reserve and submit: a wait whose stack passes through them is on the
+/// ring buffer's own lock, taken by vmtrace's programs (which run inside vmap functions, so
+/// the wait would pass the filter). It is vmtrace's, not the kernel's, and worse: its end runs
+/// on the CPU that now holds that lock, so the contention event could not be reserved (the
+/// lock reports the self-deadlock and the reserve fails, counted as lost). Such waits are
+/// dropped at their begin.
+#[unsafe(no_mangle)]
+static SELF_RANGES: Global<RangeSet> = Global::new(RangeSet::EMPTY);
 
 /// Frames the lock filter inspects. The function that takes the lock sits right under the lock
 /// primitives: frame 2 for a spinlock (`__pv_queued_spin_lock_slowpath`, `_raw_spin_lock*`),
@@ -142,7 +150,9 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
         bump(counter::CONTENTION_FILTERED);
         return;
     }
-    let Some(matched) = stack_hits::<C, DEPTH>(ctx, global_ptr(&LOCK_RANGES)) else {
+    let (hit, own) =
+        stack_hits2::<C, DEPTH>(ctx, global_ptr(&LOCK_RANGES), global_ptr(&SELF_RANGES));
+    let Some(matched) = hit.filter(|_| !own) else {
         record_verdict(lock, false);
         bump(counter::CONTENTION_FILTERED);
         return;

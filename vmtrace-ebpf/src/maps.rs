@@ -121,30 +121,10 @@ fn read_stack<C: EbpfContext, const DEPTH: usize>(ctx: &C) -> Option<(*const u64
     Some((buf.cast::<u64>().cast_const(), (n as usize) / 8))
 }
 
-/// Walks the current kernel stack and returns the index of the first range of `set` that holds
-/// a frame, if any. Loops are bounded by constants and pointers are offset, never indexed, so
-/// there is no bounds check (and no panic path) for the verifier to reject.
-#[inline(always)]
-pub fn stack_hits<C: EbpfContext, const DEPTH: usize>(
-    ctx: &C,
-    set: *const RangeSet,
-) -> Option<u64> {
-    let (buf, frames) = read_stack::<C, DEPTH>(ctx)?;
-    for i in 0..FILTER_FRAMES {
-        if i >= frames {
-            break;
-        }
-        // SAFETY: i < FILTER_FRAMES, inside the scratch buffer.
-        let f = unsafe { *buf.add(i) };
-        if let Some(j) = range_index(set, f) {
-            return Some(j);
-        }
-    }
-    None
-}
-
-/// Like [`stack_hits`] for two tables over one stack walk: the first hit in `a` and whether any
-/// frame is in `b`.
+/// Walks the innermost `DEPTH` frames of the current kernel stack once and returns the index of
+/// the first range of `a` that holds a frame, and whether any frame is in `b`. Loops are bounded
+/// by constants and pointers are offset, never indexed, so there is no bounds check (and no
+/// panic path) for the verifier to reject.
 #[inline(always)]
 pub fn stack_hits2<C: EbpfContext, const DEPTH: usize>(
     ctx: &C,

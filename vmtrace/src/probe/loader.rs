@@ -268,6 +268,14 @@ pub const LOCK_FUNCTIONS: [&str; 24] = [
     "vmap_pages_range",
 ];
 
+/// The ring buffer's reserve and submit: contention under them is on the ring buffer's own lock,
+/// caused by vmtrace's programs, and is dropped in the kernel (`SELF_RANGES`).
+pub const SELF_FUNCTIONS: [&str; 3] = [
+    "__bpf_ringbuf_reserve",
+    "bpf_ringbuf_reserve",
+    "bpf_ringbuf_submit",
+];
+
 /// Kernel page-table allocators; the index is the level (0 = PTE … 3 = P4D).
 pub const PT_ALLOCATORS: [&str; 4] = [
     "__pte_alloc_kernel",
@@ -483,6 +491,9 @@ impl LoadedProbes {
         loader.override_global(names::WORK_FUNC_OFFSET, &work_func_offset_value, true);
         loader.override_global(names::NR_PURGED_OFFSET, &nr_purged_offset_value, true);
         let empty = RangeSet::EMPTY;
+        let self_ranges = ksyms
+            .as_ref()
+            .map_or(RangeSet::EMPTY, |k| range_set(k, &SELF_FUNCTIONS, false));
         let (lock_ranges, pt_ranges, map_ranges, page_ranges, work_funcs) = match &ksyms {
             Some(k) => {
                 let pt_on_tracepoint = choices
@@ -505,6 +516,7 @@ impl LoadedProbes {
         };
         let filter = page_filter(page_format_text.as_deref());
         loader.override_global(names::LOCK_RANGES, &lock_ranges, true);
+        loader.override_global(names::SELF_RANGES, &self_ranges, true);
         loader.override_global(names::PT_ALLOC_RANGES, &pt_ranges, true);
         loader.override_global(names::VMAP_MAP_RANGES, &map_ranges, true);
         loader.override_global(names::VMALLOC_PAGE_RANGES, &page_ranges, true);
