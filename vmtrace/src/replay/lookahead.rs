@@ -66,7 +66,7 @@ pub struct Lookahead<R: BufRead> {
     /// Drain items and purge events among `buf`, with their stream index, so that lookups do
     /// not walk the whole buffer (replay asks on every free while a drain is pending).
     drains: VecDeque<(u64, DrainItem)>,
-    purges: VecDeque<(u64, u32, u64)>,
+    purges: VecDeque<(u64, u32, u64, u32)>,
     /// Stream index of the next record read, and of the next handed out.
     read: u64,
     handed: u64,
@@ -132,7 +132,8 @@ impl<R: BufRead> Lookahead<R> {
                         if let Some(d) = drain_item(rec) {
                             self.drains.push_back((self.read, d));
                         } else if let Record::Purge(p) = rec {
-                            self.purges.push_back((self.read, p.ctx.pid, p.ctx.ts_ns));
+                            self.purges
+                                .push_back((self.read, p.ctx.pid, p.ctx.ts_ns, p.npurged));
                         }
                     }
                     self.read += 1;
@@ -155,7 +156,7 @@ impl<R: BufRead> Lookahead<R> {
         while self.drains.front().is_some_and(|&(i, _)| i <= at) {
             self.drains.pop_front();
         }
-        while self.purges.front().is_some_and(|&(i, _, _)| i <= at) {
+        while self.purges.front().is_some_and(|&(i, _, _, _)| i <= at) {
             self.purges.pop_front();
         }
         self.fill();
@@ -173,7 +174,12 @@ impl<R: BufRead> Lookahead<R> {
 
     /// The next purge event read ahead, as `(pid, ts)`.
     pub fn next_purge(&self) -> Option<(u32, u64)> {
-        self.purges.front().map(|&(_, pid, ts)| (pid, ts))
+        self.purges.front().map(|&(_, pid, ts, _)| (pid, ts))
+    }
+
+    /// `npurged` of the next purge event read ahead.
+    pub fn next_npurged(&self) -> Option<u32> {
+        self.purges.front().map(|&(_, _, _, n)| n)
     }
 }
 
@@ -184,6 +190,8 @@ pub trait DrainLookup {
     fn drain_holding(&self, pid: u32, ts: u64) -> Option<DrainItem>;
     /// The next purge event read ahead, as `(pid, ts)`.
     fn next_purge(&self) -> Option<(u32, u64)>;
+    /// `npurged` of the next purge event read ahead: how many lazy areas its detach took.
+    fn next_npurged(&self) -> Option<u32>;
 }
 
 impl<R: BufRead> DrainLookup for Lookahead<R> {
@@ -192,6 +200,9 @@ impl<R: BufRead> DrainLookup for Lookahead<R> {
     }
     fn next_purge(&self) -> Option<(u32, u64)> {
         Lookahead::next_purge(self)
+    }
+    fn next_npurged(&self) -> Option<u32> {
+        Lookahead::next_npurged(self)
     }
 }
 
