@@ -5,6 +5,7 @@
 //! 4-level paging, so they are only counted on 5-level.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 
 const PMD_SHIFT: u32 = 21;
 const PUD_SHIFT: u32 = 30;
@@ -28,11 +29,36 @@ impl SlotCounts {
     }
 }
 
+/// Hashes a slot number by one multiplication (Fibonacci hashing). Slot numbers are plain
+/// integers from a trace, not attacker-chosen keys, and the std SipHash was most of a replay's
+/// time on a snapshot with large areas: 72 BPF arenas of 4 GiB (0.28 TiB, 144k PTE slots) made
+/// seeding 90 % of a 47 ms replay of 120 events.
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotHasher(u64);
+
+impl Hasher for SlotHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type SlotSet = HashSet<u64, BuildHasherDefault<SlotHasher>>;
+
 #[derive(Clone, Debug, Default)]
 pub struct PageTableSlots {
-    pte: HashSet<u64>,
-    pmd: HashSet<u64>,
-    pud: HashSet<u64>,
+    pte: SlotSet,
+    pmd: SlotSet,
+    pud: SlotSet,
     /// Last 2 MiB slot marked: consecutive small mappings usually fall in the same one, and this
     /// skips the hash lookups for them.
     last_pte: Option<u64>,

@@ -204,6 +204,23 @@ mod tests {
     }
 
     #[test]
+    fn without_btf_every_tracepoint_stays_perf_and_says_why() {
+        if perf_forced() {
+            // The environment forces perf; the reason would name it instead.
+            return;
+        }
+        let plans = plan(
+            Err("no kernel BTF (/sys/kernel/btf/vmlinux missing)"),
+            Some(24),
+        );
+        assert_eq!(plans.len(), TWINS.len());
+        for p in &plans {
+            let why = p.layout.as_ref().expect_err("no raw layout without BTF");
+            assert!(why.contains("no kernel BTF"), "{}: {why}", p.twin.target);
+        }
+    }
+
+    #[test]
     fn every_twin_names_distinct_programs_and_globals() {
         for (i, a) in TWINS.iter().enumerate() {
             assert_ne!(a.perf_program, a.raw_program);
