@@ -64,27 +64,32 @@ fn is_vmap_work(function: u64) -> bool {
 
 #[inline(always)]
 fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
-    let function = if RAW {
-        let layout = WQ_START_RAW_LAYOUT.load();
+    let layout = if RAW {
+        WQ_START_RAW_LAYOUT.load()
+    } else {
+        WQ_START_LAYOUT.load()
+    };
+    // Raw: the function is read from the work item, so the work comes first. Perf: the record
+    // has both, and the work is only read for the few items that pass the filter.
+    let (work, function) = if RAW {
         let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
         let off = WORK_FUNC_OFFSET.load();
         if work == 0 || off == u64::MAX {
             return 0;
         }
         // SAFETY: the work item the kernel is about to run; a bad read is an error.
-        unsafe { bpf_probe_read_kernel((work + off) as *const u64) }.unwrap_or(0)
+        let function = unsafe { bpf_probe_read_kernel((work + off) as *const u64) }.unwrap_or(0);
+        (Some(work), function)
     } else {
-        read_field(&ctx, &WQ_START_LAYOUT.load().fields[1]).unwrap_or(0)
+        (None, read_field(&ctx, &layout.fields[1]).unwrap_or(0))
     };
     if !is_vmap_work(function) {
         return 0;
     }
-    let layout = if RAW {
-        WQ_START_RAW_LAYOUT.load()
-    } else {
-        WQ_START_LAYOUT.load()
+    let work = match work {
+        Some(w) => w,
+        None => read_field(&ctx, &layout.fields[0]).unwrap_or(0),
     };
-    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
     let s = Started {
         ts: now_ns(),
         cpu: this_cpu(),

@@ -82,12 +82,7 @@ fn contention_is_classified(mode: &str) {
         .find(|p| p.logical.as_deref() == Some("lock_waits"))
         .expect("a lock_waits probe in the header");
     assert_eq!(lock.rung, "tracepoint");
-    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    let want = if mode == "raw" && btf {
-        "raw_tp"
-    } else {
-        "perf"
-    };
+    let want = common::expected_attach(mode == "perf");
     assert_eq!(
         lock.attach.as_deref(),
         Some(want),

@@ -93,16 +93,6 @@ fn record_on_perf_tracepoints_matches_the_kernel() {
     fix_size_stress_matches_the_kernel(Some("perf"));
 }
 
-/// How the vmalloc tracepoints attach when `VMTRACE_TRACEPOINTS` is `mode`: raw wherever
-/// kernel BTF exists unless perf is forced.
-fn expected_attach(mode: Option<&str>) -> &'static str {
-    if mode == Some("perf") || !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        "perf"
-    } else {
-        "raw_tp"
-    }
-}
-
 fn fix_size_stress_matches_the_kernel(mode: Option<&str>) {
     if !privileged() {
         return;
@@ -128,7 +118,7 @@ fn fix_size_stress_matches_the_kernel(mode: Option<&str>) {
     for p in header.probes.iter().filter(|p| p.logical.is_none()) {
         assert_eq!(
             p.attach.as_deref(),
-            Some(expected_attach(mode)),
+            Some(common::expected_attach(mode == Some("perf"))),
             "{}: {:?}",
             p.probe,
             p.attach_fallback

@@ -470,7 +470,11 @@ impl LoadedProbes {
             let work = b.member_offset("vmap_node", "purge_work")?;
             Some(nr_purged.wrapping_sub(work))
         });
-        let plans = raw::plan(kbtf.as_ref().map_err(String::as_str), work_func_offset);
+        let plans = raw::plan(
+            kbtf.as_ref().map_err(String::as_str),
+            work_func_offset,
+            raw::perf_forced(),
+        );
 
         let mut loader = EbpfLoader::new();
         for (global, layout) in &layouts {
@@ -551,10 +555,7 @@ impl LoadedProbes {
             );
             how.describe(info);
             links.push(link);
-            let program = match (&how, raw::twin_of(spec.program)) {
-                (Attached::Raw, Some(twin)) => twin.raw_program,
-                _ => spec.program,
-            };
+            let program = how.program(spec.program);
             info.program = program.into();
             vmalloc_programs.push(program);
         }
@@ -652,39 +653,22 @@ impl LoadedProbes {
             let mut info = ladder_info(choice, &ladder_fields, ksyms.as_ref());
             if choice.rung == Rung::Tracepoint {
                 let progs = choice.logical.tracepoint;
-                // One entry per logical probe: the first target's way stands for all, and a
-                // mixed attach says so.
-                let hows: Vec<&Attached> = progs
+                // One entry per logical probe: perf if any of its tracepoints fell back.
+                let hows: Vec<(&ProgSpec, &Attached)> = progs
                     .iter()
-                    .filter_map(|p| attach_how.iter().find(|(t, _)| *t == p.target))
-                    .map(|(_, h)| h)
+                    .filter_map(|p| {
+                        let (_, how) = attach_how.iter().find(|(t, _)| *t == p.target)?;
+                        Some((p, how))
+                    })
                     .collect();
-                if let Some(first) = hows.first() {
-                    first.describe(&mut info);
-                    info.program = progs
+                let perf = hows.iter().find(|(_, h)| matches!(h, Attached::Perf(_)));
+                if let Some((_, how)) = perf.or(hows.first()) {
+                    how.describe(&mut info);
+                    info.program = hows
                         .iter()
-                        .map(|p| {
-                            let raw = attach_how
-                                .iter()
-                                .any(|(t, h)| *t == p.target && matches!(h, Attached::Raw));
-                            match raw::twin_of(p.program) {
-                                Some(twin) if raw => twin.raw_program,
-                                _ => p.program,
-                            }
-                        })
+                        .map(|(p, h)| h.program(p.program))
                         .collect::<Vec<_>>()
                         .join("+");
-                    let perf: Vec<String> = hows
-                        .iter()
-                        .filter_map(|h| match h {
-                            Attached::Perf(Some(why)) => Some(why.clone()),
-                            _ => None,
-                        })
-                        .collect();
-                    if hows.iter().any(|h| matches!(h, Attached::Perf(_))) {
-                        info.attach = Some("perf".into());
-                        info.attach_fallback = (!perf.is_empty()).then(|| perf.join("; "));
-                    }
                 }
             }
             infos.push(info);
@@ -916,6 +900,14 @@ impl Attached {
         match self {
             Attached::Raw => "raw_tp",
             Attached::Perf(_) => "perf",
+        }
+    }
+
+    /// The program that attached in place of the perf tracepoint program `perf_program`.
+    fn program(&self, perf_program: &'static str) -> &'static str {
+        match (self, raw::twin_of(perf_program)) {
+            (Attached::Raw, Some(twin)) => twin.raw_program,
+            _ => perf_program,
         }
     }
 

@@ -133,12 +133,17 @@ pub fn raw_layout(twin: &RawTwin, proto: &[String]) -> Result<TpLayout, String> 
     Ok(layout)
 }
 
-/// Per twin, the layout to attach it with, or why it stays a perf tracepoint.
-pub fn plan(btf: Result<&KernelBtf, &str>, work_func_offset: Option<u64>) -> Vec<RawPlan> {
+/// Per twin, the layout to attach it with, or why it stays a perf tracepoint (`force_perf`:
+/// [`perf_forced`], passed in so the decision is a pure function of its inputs).
+pub fn plan(
+    btf: Result<&KernelBtf, &str>,
+    work_func_offset: Option<u64>,
+    force_perf: bool,
+) -> Vec<RawPlan> {
     TWINS
         .iter()
         .map(|twin| {
-            let layout = if perf_forced() {
+            let layout = if force_perf {
                 Err(format!("{ENV}=perf"))
             } else {
                 match btf {
@@ -205,18 +210,19 @@ mod tests {
 
     #[test]
     fn without_btf_every_tracepoint_stays_perf_and_says_why() {
-        if perf_forced() {
-            // The environment forces perf; the reason would name it instead.
-            return;
-        }
         let plans = plan(
             Err("no kernel BTF (/sys/kernel/btf/vmlinux missing)"),
             Some(24),
+            false,
         );
         assert_eq!(plans.len(), TWINS.len());
         for p in &plans {
             let why = p.layout.as_ref().expect_err("no raw layout without BTF");
             assert!(why.contains("no kernel BTF"), "{}: {why}", p.twin.target);
+        }
+        for p in plan(Err("unused"), Some(24), true) {
+            let why = p.layout.expect_err("perf forced");
+            assert!(why.contains(ENV), "{}: {why}", p.twin.target);
         }
     }
 

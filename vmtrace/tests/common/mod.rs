@@ -197,3 +197,13 @@ pub fn privileged() -> bool {
     }
     ok
 }
+
+/// How vmtrace's tracepoints attach on this machine: raw wherever kernel BTF exists, unless
+/// `VMTRACE_TRACEPOINTS=perf` forces perf tracepoints.
+pub fn expected_attach(perf_forced: bool) -> &'static str {
+    if perf_forced || !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        "perf"
+    } else {
+        "raw_tp"
+    }
+}
