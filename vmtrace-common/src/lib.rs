@@ -289,6 +289,9 @@ pub mod names {
     /// Byte offset of `func` in `struct work_struct` (BTF): `workqueue_execute_start`'s raw
     /// arguments carry only the work item.
     pub const WORK_FUNC_OFFSET: &str = "WORK_FUNC_OFFSET";
+    /// Bit `kind` set: that vmalloc tracepoint's raw layout is its first arguments in order, so
+    /// its raw program copies them straight from the context (see `raw::direct_layout`).
+    pub const RAW_DIRECT: &str = "RAW_DIRECT";
 }
 
 #[cfg(feature = "user")]

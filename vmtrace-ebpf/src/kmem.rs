@@ -15,14 +15,14 @@
 use aya_ebpf::{
     macros::{fentry, kprobe},
     programs::{FEntryContext, ProbeContext, TracePointContext},
-    EbpfContext, Global,
+    Global,
 };
 use vmtrace_common::{
     counter, kind, ptpage as p, PageFilter, RangeSet, TpLayout, FILTER_FRAMES, MAX_FIELDS,
     MAX_ORDER_SLOTS, RAW_EXTRA_FRAMES,
 };
 
-use crate::maps::{bump, emit_values, global_ptr, read_field, stack_hits2, BACKING_ORDERS};
+use crate::maps::{bump, emit_values, field, global_ptr, stack_hits2, BACKING_ORDERS};
 
 /// `pfn, order, gfp_flags`.
 #[unsafe(no_mangle)]
@@ -49,31 +49,15 @@ static PAGE_FILTER: Global<PageFilter> = Global::new(PageFilter {
     back_exclude: 0,
 });
 
-/// Field `i` of `mm_page_alloc`. On the raw tracepoint, when BTF put the argument in slot `i`
-/// (`page, order, gfp_flags` is the kernel's order since v2.6.31), it is loaded straight from
-/// the context: this program runs for every page the kernel allocates, and the
-/// `bpf_probe_read_kernel` per field was a fifth of its run time. Any other layout takes the
-/// general read.
-#[inline(always)]
-fn page_field<const RAW: bool>(ctx: &TracePointContext, layout: &TpLayout, i: usize) -> u64 {
-    let loc = &layout.fields[i];
-    if RAW && loc.size == 8 && usize::from(loc.offset) == i * 8 {
-        // SAFETY: a raw tracepoint's context is its `u64` argument array, and `mm_page_alloc`
-        // has four arguments, so slots 1 and 2 exist; the offset is a constant the verifier
-        // checks against the context's size.
-        return unsafe { *ctx.as_ptr().cast::<u64>().add(i) };
-    }
-    read_field(ctx, loc).unwrap_or(0)
-}
-
 #[inline(always)]
 fn on_page_alloc<const RAW: bool>(ctx: TracePointContext) -> u32 {
     let layout = if RAW {
-        PAGE_ALLOC_RAW_LAYOUT.load()
+        global_ptr(&PAGE_ALLOC_RAW_LAYOUT)
     } else {
-        PAGE_ALLOC_LAYOUT.load()
+        global_ptr(&PAGE_ALLOC_LAYOUT)
     };
-    let gfp = page_field::<RAW>(&ctx, &layout, 2);
+    // Slots 1 and 2 on the raw tracepoint (`page, order, gfp_flags, migratetype`).
+    let gfp = field::<RAW, 2>(&ctx, layout);
     let filter = PAGE_FILTER.load();
     let pt = filter.pt_require != 0
         && gfp & filter.pt_require == filter.pt_require
@@ -84,7 +68,7 @@ fn on_page_alloc<const RAW: bool>(ctx: TracePointContext) -> u32 {
     if !pt && !back {
         return 0;
     }
-    let order = page_field::<RAW>(&ctx, &layout, 1);
+    let order = field::<RAW, 1>(&ctx, layout);
     if pt {
         bump(counter::PAGE_STACK_WALKS);
         let (pt_ranges, map_ranges) = (global_ptr(&PT_ALLOC_RANGES), global_ptr(&VMAP_MAP_RANGES));
@@ -96,7 +80,7 @@ fn on_page_alloc<const RAW: bool>(ctx: TracePointContext) -> u32 {
         if let (Some(level), true) = (level, under_vmap) {
             let mut v = [0u64; MAX_FIELDS];
             v[p::LEVEL] = level;
-            v[p::PFN] = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+            v[p::PFN] = field::<RAW, 0>(&ctx, layout);
             v[p::GFP] = gfp;
             v[p::ORDER] = order;
             return match emit_values(&ctx, kind::PT_PAGE, &v) {

@@ -23,7 +23,7 @@ use vmtrace_common::{
     contention as c, counter, kind, RangeSet, TpLayout, MAX_FIELDS, RAW_EXTRA_FRAMES,
 };
 
-use crate::maps::{bump, emit_values, global_ptr, now_ns, read_field, stack_hits2, STACKS};
+use crate::maps::{bump, emit_values, field, global_ptr, now_ns, stack_hits2, STACKS};
 
 /// `lock_addr, flags`.
 #[unsafe(no_mangle)]
@@ -223,12 +223,12 @@ fn end_wait<C: EbpfContext>(ctx: &C, lock: u64, ret: u64) -> Result<(), i32> {
 #[inline(always)]
 fn on_contention_begin<const RAW: bool>(ctx: TracePointContext) -> u32 {
     let layout = if RAW {
-        LOCK_BEGIN_RAW_LAYOUT.load()
+        global_ptr(&LOCK_BEGIN_RAW_LAYOUT)
     } else {
-        LOCK_BEGIN_LAYOUT.load()
+        global_ptr(&LOCK_BEGIN_LAYOUT)
     };
-    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-    let flags = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    let lock = field::<RAW, 0>(&ctx, layout);
+    let flags = field::<RAW, 1>(&ctx, layout);
     if lock != 0 {
         if RAW {
             begin_wait::<_, LOCK_FILTER_FRAMES_RAW>(&ctx, lock, flags);
@@ -242,12 +242,12 @@ fn on_contention_begin<const RAW: bool>(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn on_contention_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
     let layout = if RAW {
-        LOCK_END_RAW_LAYOUT.load()
+        global_ptr(&LOCK_END_RAW_LAYOUT)
     } else {
-        LOCK_END_LAYOUT.load()
+        global_ptr(&LOCK_END_LAYOUT)
     };
-    let lock = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
-    let ret = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    let lock = field::<RAW, 0>(&ctx, layout);
+    let ret = field::<RAW, 1>(&ctx, layout);
     match end_wait(&ctx, lock, ret) {
         Ok(()) => 0,
         Err(_) => 1,

@@ -238,6 +238,33 @@ pub fn read_field(ctx: &TracePointContext, loc: &FieldLoc) -> Result<u64, i32> {
     }
 }
 
+/// Field `I` of a tracepoint whose layout is the global behind `layout` (see [`global_ptr`]).
+/// On a raw tracepoint whose argument `I` holds it (the kernel's order for every probe here),
+/// it is one constant-offset context load: these programs run for every contended lock, work
+/// item and page in the system, and a `bpf_probe_read_kernel` per field plus a copy of the
+/// whole layout were most of their run time. Any other layout takes the general read.
+///
+/// The kernel refuses to attach a raw program that loads past its tracepoint's last argument,
+/// so user space attaches a twin raw only where BTF declares at least `I + 1` arguments
+/// (`RawTwin::direct_slots`).
+#[inline(always)]
+pub fn field<const RAW: bool, const I: usize>(
+    ctx: &TracePointContext,
+    layout: *const TpLayout,
+) -> u64 {
+    // SAFETY: `layout` points at a global `TpLayout`, whose MAX_FIELDS entries lead it.
+    let loc = unsafe { ptr::read_volatile(layout.cast::<FieldLoc>().add(I)) };
+    if RAW && loc.size == 8 && usize::from(loc.offset) == I * 8 {
+        // SAFETY: a raw tracepoint's context is its `u64` argument array, with more than `I`
+        // slots where this program is attached (see above).
+        return unsafe { *ctx.as_ptr().cast::<u64>().add(I) };
+    }
+    if loc.size == 0 {
+        return 0;
+    }
+    read_field(ctx, &loc).unwrap_or(0)
+}
+
 /// Where the one bulk read starts. A perf tracepoint's record begins with the 8-byte common
 /// header (`common_type`, `common_flags`, `common_preempt_count`, `common_pid`), after which
 /// every tracepoint's own fields begin; a raw tracepoint's context is the argument array
@@ -303,17 +330,50 @@ fn from_window<const RAW: bool>(window: &[u64; WINDOW / 8], loc: &FieldLoc) -> O
     }
 }
 
+/// Copies the first `N` raw tracepoint arguments, in order, plus the task context into a
+/// ring-buffer record: the fast path for a raw layout that is exactly that (user space checks,
+/// `RAW_DIRECT`). Constant-offset context loads, no helper call and no scratch buffer: the
+/// general [`emit`] spent a third of its run time zero-filling and picking its bulk copy.
+///
+/// The kernel refuses to attach a raw program that loads past its tracepoint's last argument,
+/// so user space attaches this one only where BTF declares at least `N`.
+#[inline(always)]
+pub fn emit_args<const N: usize>(ctx: &TracePointContext, event_kind: u32) -> Result<(), i32> {
+    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+        count_lost(ctx, event_kind);
+        return Err(-1);
+    };
+    let ev = entry.as_mut_ptr();
+    fill_context(ev, event_kind);
+    let args = ctx.as_ptr().cast::<u64>().cast_const();
+    // SAFETY: a raw tracepoint's context is its `u64` argument array with at least `N` slots
+    // (checked at attach), and `ev` is a reserved, exclusively owned record.
+    unsafe {
+        let fields = ptr::addr_of_mut!((*ev).fields).cast::<u64>();
+        for i in 0..MAX_FIELDS {
+            let v = if i < N { *args.add(i) } else { 0 };
+            // Volatile: LLVM turns adjacent zero stores into a `memset` call, which the BPF
+            // target links as a byte-at-a-time loop.
+            ptr::write_volatile(fields.add(i), v);
+        }
+    }
+    entry.submit(submit_flags());
+    Ok(())
+}
+
 /// Copies every field named in `layout` plus the task context into a ring-buffer record.
 ///
 /// The record's fields are copied with one `bpf_probe_read_kernel` of [`WINDOW`] bytes and then
 /// picked out by offset: one helper call per event instead of one per field (six for
 /// `alloc_vmap_area`), which roughly halved the program's run time (`bpf_stats_enabled`
 /// `run_time_ns`, see docs/probes.md). Fields outside the window fall back to single reads.
+/// The layout is read field by field from its global, not copied: a copy of the whole table
+/// cost some eighty instructions per event.
 #[inline(always)]
 pub fn emit<const RAW: bool>(
     ctx: &TracePointContext,
     event_kind: u32,
-    layout: &TpLayout,
+    layout: *const TpLayout,
 ) -> Result<(), i32> {
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         count_lost(ctx, event_kind);
@@ -321,38 +381,44 @@ pub fn emit<const RAW: bool>(
     };
     let ev = entry.as_mut_ptr();
     fill_context(ev, event_kind);
-    let mut window = [0u64; WINDOW / 8];
+    // Not zero-filled: the helper writes all of it, zeroes included on failure, and a 64-byte
+    // zero fill became a byte-at-a-time `memset` loop of some 300 instructions.
+    let mut window = core::mem::MaybeUninit::<[u64; WINDOW / 8]>::uninit();
     // SAFETY: the context points at the record in the per-CPU trace buffer (perf tracepoint)
     // or at the argument array on the kernel stack (raw tracepoint), and
-    // bpf_probe_read_kernel turns a bad address into an error rather than a fault. Bytes past
-    // the record's end are copied but never picked (no field offset points there).
+    // bpf_probe_read_kernel turns a bad address into an error rather than a fault (and zeroes
+    // the destination). Bytes past the record's end are copied but never picked (no field
+    // offset points there).
     let copied = unsafe {
         let src = ctx.as_ptr().cast::<u8>().add(window_start::<RAW>());
-        let dst = core::slice::from_raw_parts_mut(window.as_mut_ptr().cast::<u8>(), WINDOW);
-        aya_ebpf::helpers::bpf_probe_read_kernel_buf(src, dst).is_ok()
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            window.as_mut_ptr().cast(),
+            WINDOW as u32,
+            src.cast(),
+        ) == 0
     };
-    // SAFETY: `ev` points at a reserved, exclusively owned record of the right size.
+    // SAFETY: written by the helper above, on success and on failure alike.
+    let window = unsafe { window.assume_init() };
+    let locs = layout.cast::<FieldLoc>();
+    // SAFETY: `ev` points at a reserved, exclusively owned record of the right size; `locs`
+    // points at a global `TpLayout` of MAX_FIELDS entries (see `global_ptr`).
     unsafe {
-        // Iterating the two fixed-size arrays together leaves no bounds check (and so no
-        // panic path) for the verifier to reject.
-        for (i, (slot, loc)) in (*ev)
-            .fields
-            .iter_mut()
-            .zip(layout.fields.iter())
-            .enumerate()
-        {
+        let fields = ptr::addr_of_mut!((*ev).fields).cast::<u64>();
+        for i in 0..MAX_FIELDS {
+            let loc = ptr::read_volatile(locs.add(i));
+            let slot = fields.add(i);
             if loc.size == 0 {
                 *slot = 0;
                 continue;
             }
             let quick = if copied {
-                from_window::<RAW>(&window, loc)
+                from_window::<RAW>(&window, &loc)
             } else {
                 None
             };
             *slot = match quick {
                 Some(v) => v,
-                None => match read_field(ctx, loc) {
+                None => match read_field(ctx, &loc) {
                     Ok(v) => v,
                     Err(e) => {
                         // Error path only: a failed read means the layout is wrong for this

@@ -7,7 +7,7 @@
 use aya_ebpf::Global;
 use vmtrace_common::{kind, TpLayout};
 
-use crate::maps::emit;
+use crate::maps::{emit, emit_args, global_ptr};
 
 /// `addr, size, align, vstart, vend, failed`.
 #[unsafe(no_mangle)]
@@ -24,19 +24,26 @@ static FREE_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 static PURGE_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
 #[unsafe(no_mangle)]
 static PURGE_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// Bit `kind` set: that tracepoint's raw layout is its first arguments in order, which the raw
+/// program then copies without consulting the layout (`emit_args`). Set by user space.
+#[unsafe(no_mangle)]
+static RAW_DIRECT: Global<u32> = Global::new(0);
 
 /// Declares the programs of one vmalloc tracepoint: one event of `kind` with the fields of
-/// `layout` (`raw_layout` on the raw tracepoint); a failed emit was already counted in LOST.
+/// `layout` (`raw_layout` on the raw tracepoint, or its first `$direct` arguments as they are
+/// when user space set the `RAW_DIRECT` bit); a failed emit was already counted in LOST.
 macro_rules! vmalloc_tracepoint {
-    ($handler:ident, $prog:ident, $raw:ident, $name:literal, $kind:expr, $layout:ident, $raw_layout:ident) => {
+    ($handler:ident, $prog:ident, $raw:ident, $name:literal, $kind:expr, $layout:ident, $raw_layout:ident, $direct:literal) => {
         #[inline(always)]
         fn $handler<const RAW: bool>(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
-            let layout = if RAW {
-                $raw_layout.load()
+            let done = if RAW && RAW_DIRECT.load() & (1 << $kind) != 0 {
+                emit_args::<$direct>(&ctx, $kind)
+            } else if RAW {
+                emit::<true>(&ctx, $kind, global_ptr(&$raw_layout))
             } else {
-                $layout.load()
+                emit::<false>(&ctx, $kind, global_ptr(&$layout))
             };
-            match emit::<RAW>(&ctx, $kind, &layout) {
+            match done {
                 Ok(()) => 0,
                 Err(_) => 1,
             }
@@ -52,7 +59,8 @@ vmalloc_tracepoint!(
     "alloc_vmap_area",
     kind::ALLOC,
     ALLOC_LAYOUT,
-    ALLOC_RAW_LAYOUT
+    ALLOC_RAW_LAYOUT,
+    6
 );
 vmalloc_tracepoint!(
     on_free,
@@ -61,7 +69,8 @@ vmalloc_tracepoint!(
     "free_vmap_area_noflush",
     kind::FREE,
     FREE_LAYOUT,
-    FREE_RAW_LAYOUT
+    FREE_RAW_LAYOUT,
+    3
 );
 vmalloc_tracepoint!(
     on_purge,
@@ -70,5 +79,6 @@ vmalloc_tracepoint!(
     "purge_vmap_area_lazy",
     kind::PURGE,
     PURGE_LAYOUT,
-    PURGE_RAW_LAYOUT
+    PURGE_RAW_LAYOUT,
+    3
 );

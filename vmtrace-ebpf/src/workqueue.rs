@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use vmtrace_common::{counter, kind, work as w, TpLayout, MAX_FIELDS};
 
-use crate::maps::{bump, emit_values, now_ns, read_field, this_cpu};
+use crate::maps::{bump, emit_values, field, global_ptr, now_ns, this_cpu};
 
 /// `work, function`.
 #[unsafe(no_mangle)]
@@ -65,14 +65,14 @@ fn is_vmap_work(function: u64) -> bool {
 #[inline(always)]
 fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
     let layout = if RAW {
-        WQ_START_RAW_LAYOUT.load()
+        global_ptr(&WQ_START_RAW_LAYOUT)
     } else {
-        WQ_START_LAYOUT.load()
+        global_ptr(&WQ_START_LAYOUT)
     };
     // Raw: the function is read from the work item, so the work comes first. Perf: the record
     // has both, and the work is only read for the few items that pass the filter.
     let (work, function) = if RAW {
-        let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+        let work = field::<RAW, 0>(&ctx, layout);
         let off = WORK_FUNC_OFFSET.load();
         if work == 0 || off == u64::MAX {
             return 0;
@@ -81,14 +81,14 @@ fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
         let function = unsafe { bpf_probe_read_kernel((work + off) as *const u64) }.unwrap_or(0);
         (Some(work), function)
     } else {
-        (None, read_field(&ctx, &layout.fields[1]).unwrap_or(0))
+        (None, field::<RAW, 1>(&ctx, layout))
     };
     if !is_vmap_work(function) {
         return 0;
     }
     let work = match work {
         Some(w) => w,
-        None => read_field(&ctx, &layout.fields[0]).unwrap_or(0),
+        None => field::<RAW, 0>(&ctx, layout),
     };
     let s = Started {
         ts: now_ns(),
@@ -101,15 +101,15 @@ fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn on_execute_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
     let layout = if RAW {
-        WQ_END_RAW_LAYOUT.load()
+        global_ptr(&WQ_END_RAW_LAYOUT)
     } else {
-        WQ_END_LAYOUT.load()
+        global_ptr(&WQ_END_LAYOUT)
     };
-    let function = read_field(&ctx, &layout.fields[1]).unwrap_or(0);
+    let function = field::<RAW, 1>(&ctx, layout);
     if !is_vmap_work(function) {
         return 0;
     }
-    let work = read_field(&ctx, &layout.fields[0]).unwrap_or(0);
+    let work = field::<RAW, 0>(&ctx, layout);
     // SAFETY: map value copied out before the delete.
     let Some(s) = (unsafe { WORK_START.get(work) }).copied() else {
         bump(counter::WORK_UNMATCHED_END);

@@ -490,6 +490,8 @@ impl LoadedProbes {
         for (global, layout) in &raw_layouts {
             loader.override_global(global, layout, true);
         }
+        let raw_direct = raw::direct_bits(&plans);
+        loader.override_global(names::RAW_DIRECT, &raw_direct, true);
         let work_func_offset_value = work_func_offset.unwrap_or(u64::MAX);
         let nr_purged_offset_value = nr_purged_offset.unwrap_or(u64::MAX);
         loader.override_global(names::WORK_FUNC_OFFSET, &work_func_offset_value, true);

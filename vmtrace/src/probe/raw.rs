@@ -16,7 +16,7 @@
 //! the perf tracepoint, and the trace header says why. `VMTRACE_TRACEPOINTS=perf` forces the
 //! perf tracepoints everywhere (to compare, or on a kernel where a raw attach misbehaves).
 
-use vmtrace_common::{names, FieldLoc, TpLayout, MAX_FIELDS};
+use vmtrace_common::{kind, names, FieldLoc, TpLayout, MAX_FIELDS};
 
 use crate::host::btf::KernelBtf;
 
@@ -36,6 +36,13 @@ pub struct RawTwin {
     /// when the program finds that value another way (`workqueue_execute_start`'s function is
     /// read from the work item).
     pub args: &'static [&'static str],
+    /// How many leading argument slots the raw program loads straight from its context. The
+    /// kernel refuses to attach a raw program that loads past the tracepoint's last argument;
+    /// a prototype that names every one of `args` has at least this many (a test checks).
+    pub direct_slots: usize,
+    /// The event kind whose `RAW_DIRECT` bit user space sets when the layout is exactly the
+    /// first `direct_slots` arguments in order (0: the program has no such fast path).
+    pub direct_kind: u32,
 }
 
 pub const TWINS: [RawTwin; 8] = [
@@ -45,6 +52,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_ALLOC,
         layout_global: names::ALLOC_RAW_LAYOUT,
         args: &["addr", "size", "align", "vstart", "vend", "failed"],
+        direct_slots: 6,
+        direct_kind: kind::ALLOC,
     },
     RawTwin {
         target: "vmalloc:free_vmap_area_noflush",
@@ -52,6 +61,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_FREE,
         layout_global: names::FREE_RAW_LAYOUT,
         args: &["va_start", "nr_lazy", "nr_lazy_max"],
+        direct_slots: 3,
+        direct_kind: kind::FREE,
     },
     RawTwin {
         target: "vmalloc:purge_vmap_area_lazy",
@@ -59,6 +70,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_PURGE,
         layout_global: names::PURGE_RAW_LAYOUT,
         args: &["start", "end", "npurged"],
+        direct_slots: 3,
+        direct_kind: kind::PURGE,
     },
     RawTwin {
         target: "lock:contention_begin",
@@ -66,6 +79,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_LOCK_BEGIN,
         layout_global: names::LOCK_BEGIN_RAW_LAYOUT,
         args: &["lock", "flags"],
+        direct_slots: 2,
+        direct_kind: 0,
     },
     RawTwin {
         target: "lock:contention_end",
@@ -73,6 +88,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_LOCK_END,
         layout_global: names::LOCK_END_RAW_LAYOUT,
         args: &["lock", "ret"],
+        direct_slots: 2,
+        direct_kind: 0,
     },
     RawTwin {
         target: "workqueue:workqueue_execute_start",
@@ -80,6 +97,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_WQ_START,
         layout_global: names::WQ_START_RAW_LAYOUT,
         args: &["work", ""],
+        direct_slots: 1,
+        direct_kind: 0,
     },
     RawTwin {
         target: "workqueue:workqueue_execute_end",
@@ -87,6 +106,8 @@ pub const TWINS: [RawTwin; 8] = [
         raw_program: names::PROG_RAW_WQ_END,
         layout_global: names::WQ_END_RAW_LAYOUT,
         args: &["work", "function"],
+        direct_slots: 2,
+        direct_kind: 0,
     },
     RawTwin {
         target: "kmem:mm_page_alloc",
@@ -95,6 +116,8 @@ pub const TWINS: [RawTwin; 8] = [
         layout_global: names::PAGE_ALLOC_RAW_LAYOUT,
         // The `struct page` address stands in for the pfn (see docs/trace-format.md).
         args: &["page", "order", "gfp_flags"],
+        direct_slots: 3,
+        direct_kind: 0,
     },
 ];
 
@@ -168,6 +191,30 @@ pub fn plan(
         .collect()
 }
 
+/// Whether `layout` is exactly the first `direct_slots` arguments of `twin`, in order, so its
+/// raw program may copy them without consulting the layout.
+pub fn direct_layout(twin: &RawTwin, layout: &TpLayout) -> bool {
+    twin.direct_kind != 0
+        && layout.fields.iter().enumerate().all(|(i, f)| {
+            if i < twin.direct_slots {
+                usize::from(f.offset) == i * 8 && f.size == 8
+            } else {
+                f.size == 0
+            }
+        })
+}
+
+/// The `RAW_DIRECT` global: bit `kind` for every twin planned raw with a direct layout.
+pub fn direct_bits(plans: &[RawPlan]) -> u32 {
+    plans
+        .iter()
+        .filter_map(|p| match &p.layout {
+            Ok(l) if direct_layout(p.twin, l) => Some(1u32 << p.twin.direct_kind),
+            _ => None,
+        })
+        .fold(0, |a, b| a | b)
+}
+
 /// The decision for one twin before loading.
 #[derive(Debug, Clone)]
 pub struct RawPlan {
@@ -198,6 +245,28 @@ mod tests {
         let twin = twin_of(names::PROG_ALLOC).expect("twin");
         let why = raw_layout(twin, &proto(&["addr", "size"])).expect_err("refused");
         assert!(why.contains("`align`"), "{why}");
+    }
+
+    #[test]
+    fn vmalloc_prototypes_in_kernel_order_take_the_direct_path() {
+        let alloc = twin_of(names::PROG_ALLOC).expect("twin");
+        let kernel = proto(&["addr", "size", "align", "vstart", "vend", "failed"]);
+        let l = raw_layout(alloc, &kernel).expect("layout");
+        assert!(direct_layout(alloc, &l));
+        // Another order still attaches raw, through the general layout-driven copy.
+        let swapped = proto(&["size", "addr", "align", "vstart", "vend", "failed"]);
+        let l = raw_layout(alloc, &swapped).expect("layout");
+        assert!(!direct_layout(alloc, &l));
+        let plans = plan(Err("no BTF"), None, false);
+        assert_eq!(direct_bits(&plans), 0, "no raw plan, no direct bit");
+    }
+
+    #[test]
+    fn direct_loads_never_pass_the_named_arguments() {
+        for t in &TWINS {
+            let named = t.args.iter().filter(|a| !a.is_empty()).count();
+            assert!(t.direct_slots <= named, "{}", t.target);
+        }
     }
 
     #[test]
