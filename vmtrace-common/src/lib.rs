@@ -10,6 +10,13 @@
 /// that adds a field without needing a new wire layout.
 pub const MAX_FIELDS: usize = 8;
 
+/// How many event ring buffers the probes have. Each CPU reserves in its own ring (CPU `c` in
+/// ring `c % NR_RINGS`), because one ring shared by every CPU made its lock and producer
+/// position bounce between them: `__bpf_ringbuf_reserve` was 44 % of the vmalloc programs' time
+/// on two CPUs. Eight covers small machines one ring per CPU and bounds the map count on big
+/// ones (a ring then serves every eighth CPU).
+pub const RINGS: usize = 8;
+
 /// Length of `task_struct::comm`, as the `bpf_get_current_comm` helper fills it.
 pub const COMM_LEN: usize = 16;
 
@@ -229,6 +236,14 @@ pub mod names {
     pub const FREE_LAYOUT: &str = "FREE_LAYOUT";
     pub const PURGE_LAYOUT: &str = "PURGE_LAYOUT";
     pub const EVENTS: &str = "EVENTS";
+    /// The event rings, [`super::RINGS`] of them: CPU `c` reserves in ring `c % NR_RINGS`.
+    pub const EVENT_RINGS: [&str; super::RINGS] = [
+        EVENTS, "EVENTS_1", "EVENTS_2", "EVENTS_3", "EVENTS_4", "EVENTS_5", "EVENTS_6", "EVENTS_7",
+    ];
+    /// How many of the event rings are in use (1..=RINGS).
+    pub const NR_RINGS: &str = "NR_RINGS";
+    /// Unread bytes in a ring at which a submit wakes the reader.
+    pub const WAKEUP_BYTES: &str = "WAKEUP_BYTES";
     pub const LOST: &str = "LOST";
     pub const PROG_ALLOC: &str = "vmalloc_alloc_vmap_area";
     pub const PROG_FREE: &str = "vmalloc_free_vmap_area_noflush";

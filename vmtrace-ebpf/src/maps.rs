@@ -14,11 +14,83 @@ use vmtrace_common::{
     MAX_FIELDS, MAX_ORDER_SLOTS, MAX_RANGES,
 };
 
-/// 16 MiB holds about 160k events: more than half a second of the fastest user-space stressor on
-/// two CPUs, which is the slack the reader needs when it is descheduled. User space may resize it
-/// at load time (`--ring-size`).
+/// The event rings, one per CPU up to [`vmtrace_common::RINGS`] (see there for why). User space
+/// sizes them at load time (`--ring-size` is their total, split over the rings in use) and
+/// shrinks the unused ones to one page.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
+#[map]
+pub static EVENTS_1: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+pub static EVENTS_2: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+pub static EVENTS_3: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+pub static EVENTS_4: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+pub static EVENTS_5: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+pub static EVENTS_6: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+pub static EVENTS_7: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// How many rings are in use (1..=RINGS), set by user space from the possible CPUs.
+#[unsafe(no_mangle)]
+static NR_RINGS: Global<u32> = Global::new(1);
+
+/// Unread bytes in a ring at which a submit wakes the reader (user space sets it to a sixteenth
+/// of a ring).
+///
+/// By default every submit that finds the reader caught up queues an irq_work to wake it: one
+/// wakeup and one context switch per event at 100k+ events/s, which cost more than the probes
+/// themselves (`vmtrace top` spent 46 % of its samples in `finish_task_switch`). Readers drain on
+/// a 100 ms timer anyway, so below this much data the event waits for that timer.
+#[unsafe(no_mangle)]
+static WAKEUP_BYTES: Global<u64> = Global::new(1 << 20);
+
+/// Runs `$body` with `$ring` bound to this CPU's event ring. The body is expanded once per ring
+/// rather than picking a ring reference first: the verifier must see a constant map at every
+/// ring helper call, and LLVM may turn a match of references into a load from a table.
+macro_rules! on_ring {
+    ($ring:ident => $body:expr) => {{
+        let n = NR_RINGS.load();
+        let i = if n > 1 { this_cpu() % u64::from(n) } else { 0 };
+        match i {
+            1 => {
+                let $ring = &EVENTS_1;
+                $body
+            }
+            2 => {
+                let $ring = &EVENTS_2;
+                $body
+            }
+            3 => {
+                let $ring = &EVENTS_3;
+                $body
+            }
+            4 => {
+                let $ring = &EVENTS_4;
+                $body
+            }
+            5 => {
+                let $ring = &EVENTS_5;
+                $body
+            }
+            6 => {
+                let $ring = &EVENTS_6;
+                $body
+            }
+            7 => {
+                let $ring = &EVENTS_7;
+                $body
+            }
+            _ => {
+                let $ring = &EVENTS;
+                $body
+            }
+        }
+    }};
+}
 
 /// Reserve failures per CPU, indexed by event kind. Read by user space for the footer and the TUI.
 #[map]
@@ -157,17 +229,9 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
-/// Unread bytes at which a submit wakes the reader (about 10k events).
-///
-/// By default every submit that finds the reader caught up queues an irq_work to wake it: one
-/// wakeup and one context switch per event at 100k+ events/s, which cost more than the probes
-/// themselves (`vmtrace top` spent 46 % of its samples in `finish_task_switch`). Readers drain on
-/// a 100 ms timer anyway, so below this much data the event waits for that timer.
-const WAKEUP_BYTES: u64 = 1 << 20;
-
 #[inline(always)]
-fn submit_flags() -> u64 {
-    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+fn submit_flags(ring: &RingBuf) -> u64 {
+    if ring.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES.load() {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
@@ -203,18 +267,20 @@ pub fn emit_values<C: EbpfContext>(
     event_kind: u32,
     values: &[u64; MAX_FIELDS],
 ) -> Result<(), i32> {
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        count_lost(ctx, event_kind);
-        return Err(-1);
-    };
-    let ev = entry.as_mut_ptr();
-    fill_context(ev, event_kind);
-    // SAFETY: `ev` points at a reserved, exclusively owned record of the right size.
-    unsafe {
-        (*ev).fields = *values;
-    }
-    entry.submit(submit_flags());
-    Ok(())
+    on_ring!(ring => {
+        let Some(mut entry) = ring.reserve::<Event>(0) else {
+            count_lost(ctx, event_kind);
+            return Err(-1);
+        };
+        let ev = entry.as_mut_ptr();
+        fill_context(ev, event_kind);
+        // SAFETY: `ev` points at a reserved, exclusively owned record of the right size.
+        unsafe {
+            (*ev).fields = *values;
+        }
+        entry.submit(submit_flags(ring));
+        Ok(())
+    })
 }
 
 /// Reads one tracepoint field at the offset the `format` file gave (perf tracepoint) or of its
@@ -339,26 +405,28 @@ fn from_window<const RAW: bool>(window: &[u64; WINDOW / 8], loc: &FieldLoc) -> O
 /// so user space attaches this one only where BTF declares at least `N`.
 #[inline(always)]
 pub fn emit_args<const N: usize>(ctx: &TracePointContext, event_kind: u32) -> Result<(), i32> {
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        count_lost(ctx, event_kind);
-        return Err(-1);
-    };
-    let ev = entry.as_mut_ptr();
-    fill_context(ev, event_kind);
-    let args = ctx.as_ptr().cast::<u64>().cast_const();
-    // SAFETY: a raw tracepoint's context is its `u64` argument array with at least `N` slots
-    // (checked at attach), and `ev` is a reserved, exclusively owned record.
-    unsafe {
-        let fields = ptr::addr_of_mut!((*ev).fields).cast::<u64>();
-        for i in 0..MAX_FIELDS {
-            let v = if i < N { *args.add(i) } else { 0 };
-            // Volatile: LLVM turns adjacent zero stores into a `memset` call, which the BPF
-            // target links as a byte-at-a-time loop.
-            ptr::write_volatile(fields.add(i), v);
+    on_ring!(ring => {
+        let Some(mut entry) = ring.reserve::<Event>(0) else {
+            count_lost(ctx, event_kind);
+            return Err(-1);
+        };
+        let ev = entry.as_mut_ptr();
+        fill_context(ev, event_kind);
+        let args = ctx.as_ptr().cast::<u64>().cast_const();
+        // SAFETY: a raw tracepoint's context is its `u64` argument array with at least `N` slots
+        // (checked at attach), and `ev` is a reserved, exclusively owned record.
+        unsafe {
+            let fields = ptr::addr_of_mut!((*ev).fields).cast::<u64>();
+            for i in 0..MAX_FIELDS {
+                let v = if i < N { *args.add(i) } else { 0 };
+                // Volatile: LLVM turns adjacent zero stores into a `memset` call, which the BPF
+                // target links as a byte-at-a-time loop.
+                ptr::write_volatile(fields.add(i), v);
+            }
         }
-    }
-    entry.submit(submit_flags());
-    Ok(())
+        entry.submit(submit_flags(ring));
+        Ok(())
+    })
 }
 
 /// Copies every field named in `layout` plus the task context into a ring-buffer record.
@@ -375,66 +443,68 @@ pub fn emit<const RAW: bool>(
     event_kind: u32,
     layout: *const TpLayout,
 ) -> Result<(), i32> {
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        count_lost(ctx, event_kind);
-        return Err(-1);
-    };
-    let ev = entry.as_mut_ptr();
-    fill_context(ev, event_kind);
-    // Not zero-filled: the helper writes all of it, zeroes included on failure, and a 64-byte
-    // zero fill became a byte-at-a-time `memset` loop of some 300 instructions.
-    let mut window = core::mem::MaybeUninit::<[u64; WINDOW / 8]>::uninit();
-    // SAFETY: the context points at the record in the per-CPU trace buffer (perf tracepoint)
-    // or at the argument array on the kernel stack (raw tracepoint), and
-    // bpf_probe_read_kernel turns a bad address into an error rather than a fault (and zeroes
-    // the destination). Bytes past the record's end are copied but never picked (no field
-    // offset points there).
-    let copied = unsafe {
-        let src = ctx.as_ptr().cast::<u8>().add(window_start::<RAW>());
-        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-            window.as_mut_ptr().cast(),
-            WINDOW as u32,
-            src.cast(),
-        ) == 0
-    };
-    // SAFETY: written by the helper above, on success and on failure alike.
-    let window = unsafe { window.assume_init() };
-    let locs = layout.cast::<FieldLoc>();
-    // SAFETY: `ev` points at a reserved, exclusively owned record of the right size; `locs`
-    // points at a global `TpLayout` of MAX_FIELDS entries (see `global_ptr`).
-    unsafe {
-        let fields = ptr::addr_of_mut!((*ev).fields).cast::<u64>();
-        for i in 0..MAX_FIELDS {
-            let loc = ptr::read_volatile(locs.add(i));
-            let slot = fields.add(i);
-            if loc.size == 0 {
-                *slot = 0;
-                continue;
+    on_ring!(ring => {
+        let Some(mut entry) = ring.reserve::<Event>(0) else {
+            count_lost(ctx, event_kind);
+            return Err(-1);
+        };
+        let ev = entry.as_mut_ptr();
+        fill_context(ev, event_kind);
+        // Not zero-filled: the helper writes all of it, zeroes included on failure, and a 64-byte
+        // zero fill became a byte-at-a-time `memset` loop of some 300 instructions.
+        let mut window = core::mem::MaybeUninit::<[u64; WINDOW / 8]>::uninit();
+        // SAFETY: the context points at the record in the per-CPU trace buffer (perf tracepoint)
+        // or at the argument array on the kernel stack (raw tracepoint), and
+        // bpf_probe_read_kernel turns a bad address into an error rather than a fault (and zeroes
+        // the destination). Bytes past the record's end are copied but never picked (no field
+        // offset points there).
+        let copied = unsafe {
+            let src = ctx.as_ptr().cast::<u8>().add(window_start::<RAW>());
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                window.as_mut_ptr().cast(),
+                WINDOW as u32,
+                src.cast(),
+            ) == 0
+        };
+        // SAFETY: written by the helper above, on success and on failure alike.
+        let window = unsafe { window.assume_init() };
+        let locs = layout.cast::<FieldLoc>();
+        // SAFETY: `ev` points at a reserved, exclusively owned record of the right size; `locs`
+        // points at a global `TpLayout` of MAX_FIELDS entries (see `global_ptr`).
+        unsafe {
+            let fields = ptr::addr_of_mut!((*ev).fields).cast::<u64>();
+            for i in 0..MAX_FIELDS {
+                let loc = ptr::read_volatile(locs.add(i));
+                let slot = fields.add(i);
+                if loc.size == 0 {
+                    *slot = 0;
+                    continue;
+                }
+                let quick = if copied {
+                    from_window::<RAW>(&window, &loc)
+                } else {
+                    None
+                };
+                *slot = match quick {
+                    Some(v) => v,
+                    None => match read_field(ctx, &loc) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            // Error path only: a failed read means the layout is wrong for this
+                            // kernel.
+                            warn!(
+                                ctx,
+                                "vmtrace: reading field {} of kind {} failed: {}", i, event_kind, e
+                            );
+                            0
+                        }
+                    },
+                };
             }
-            let quick = if copied {
-                from_window::<RAW>(&window, &loc)
-            } else {
-                None
-            };
-            *slot = match quick {
-                Some(v) => v,
-                None => match read_field(ctx, &loc) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        // Error path only: a failed read means the layout is wrong for this
-                        // kernel.
-                        warn!(
-                            ctx,
-                            "vmtrace: reading field {} of kind {} failed: {}", i, event_kind, e
-                        );
-                        0
-                    }
-                },
-            };
         }
-    }
-    entry.submit(submit_flags());
-    Ok(())
+        entry.submit(submit_flags(ring));
+        Ok(())
+    })
 }
 
 #[inline(always)]

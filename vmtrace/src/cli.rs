@@ -76,7 +76,8 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
-    /// Size of the BPF ring buffer in MiB (a power of two). Bigger absorbs longer reader stalls.
+    /// Total size of the BPF ring buffers in MiB (a power of two), split into one ring per CPU (up
+    /// to eight). Bigger absorbs longer reader stalls.
     #[arg(long, default_value_t = 64)]
     pub ring_mib: u32,
 

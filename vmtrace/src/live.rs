@@ -4,29 +4,107 @@
 //! way.
 
 use std::collections::HashMap;
+use std::task::Poll;
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
 
 use crate::probe::contention::Classifier;
 use crate::probe::{decode, LoadedProbes};
 use crate::trace::Record;
 
-/// Decodes everything in the ring buffer and hands each record to `push`, resolving contention
-/// stacks (cached by stack id: the stack map is read once per distinct stack) to lock classes.
-/// Returns how many ring records could not be decoded (`record` counts them in the footer).
+/// The probes' event rings (one per CPU, see `vmtrace_common::RINGS`), each registered with
+/// the async runtime, so a reader wakes when any of them asks for it.
+pub struct EventRings {
+    rings: Vec<AsyncFd<RingBuf<MapData>>>,
+}
+
+impl EventRings {
+    /// Takes the rings from `probes` and registers them; needs a running tokio runtime.
+    pub fn take(probes: &mut LoadedProbes) -> anyhow::Result<Self> {
+        let rings = probes.take_rings()?;
+        let rings = rings
+            .into_iter()
+            .map(|r| {
+                // SAFETY: the RingBuf owns its map fd and borrows nothing; the AsyncFd owns it.
+                unsafe { AsyncFd::register_with_interest(r, tokio::io::Interest::READABLE) }
+                    .map_err(|e| e.into_parts().1)
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| anyhow::anyhow!("polling the ring buffers: {e}"))?;
+        Ok(EventRings { rings })
+    }
+
+    /// Waits until at least one ring woke its reader, and clears that readiness; the caller then
+    /// drains every ring. Cancel-safe, so it can sit in a `select!` beside timers.
+    pub async fn readable(&mut self) -> std::io::Result<()> {
+        std::future::poll_fn(|cx| {
+            let mut woke = false;
+            for fd in &mut self.rings {
+                match fd.poll_read_ready_mut(cx) {
+                    Poll::Ready(Ok(mut guard)) => {
+                        guard.clear_ready();
+                        woke = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {}
+                }
+            }
+            if woke {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    pub fn len(&self) -> usize {
+        self.rings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rings.is_empty()
+    }
+
+    /// Ring `i` (`i < len()`).
+    pub fn ring(&mut self, i: usize) -> &mut RingBuf<MapData> {
+        self.rings[i].get_mut()
+    }
+}
+
+/// Decodes everything in every ring and hands each record to `push`, ring by ring (so records
+/// arrive in time order within a ring only: the caller sorts, see `Reorder::push_batch`),
+/// resolving contention stacks (cached by stack id: the stack map is read once per distinct
+/// stack) to lock classes. Returns how many ring records could not be decoded (`record` counts
+/// them in the footer).
 pub fn drain(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    rings: &mut EventRings,
     probes: &LoadedProbes,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
-    push: impl FnMut(Record),
+    mut push: impl FnMut(Record),
 ) -> u64 {
-    drain_at_most(ring, probes, classifier, stacks, usize::MAX, push).1
+    (0..rings.len())
+        .map(|i| {
+            drain_at_most(
+                rings.ring(i),
+                probes,
+                classifier,
+                stacks,
+                usize::MAX,
+                &mut push,
+            )
+            .1
+        })
+        .sum()
 }
 
-/// [`drain`], stopping after `max` ring records, so a reader that holds what it drains can bound
-/// what it holds: the rest waits in the ring buffer, whose memory is already paid for. Returns
-/// the records taken (decodable or not) and how many of them could not be decoded.
+/// Drains one ring, stopping after `max` ring records, so a reader that holds what it drains
+/// can bound what it holds: the rest waits in the ring buffer, whose memory is already paid
+/// for. Returns the records taken (decodable or not) and how many of them could not be decoded.
 pub fn drain_at_most(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    ring: &mut RingBuf<MapData>,
     probes: &LoadedProbes,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,

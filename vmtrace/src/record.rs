@@ -21,13 +21,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use aya::maps::{MapData, RingBuf};
-use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordArgs;
 use crate::host::system::{self, SystemFacts};
 use crate::host::vmallocinfo;
+use crate::live::EventRings;
 use crate::probe::contention::Classifier;
 use crate::probe::LoadedProbes;
 use crate::trace::{
@@ -83,6 +82,45 @@ impl Reorder {
             at -= 1;
         }
         self.queue.insert(at, Pending { ts, record });
+    }
+
+    /// Adds a batch of records drained from the rings, each ring's in time order but the rings
+    /// one after another. Sorting the batch (a merge of its few sorted runs, stable, so ties
+    /// keep their arrival order) and then merging it with the queue's tail costs O(n log rings);
+    /// [`Reorder::push`] one by one would walk back over every later record of the rings
+    /// drained before.
+    pub fn push_batch(&mut self, batch: Vec<Record>) {
+        let mut batch: Vec<Pending> = batch
+            .into_iter()
+            .map(|record| Pending {
+                ts: record.ts_ns().unwrap_or(0),
+                record,
+            })
+            .collect();
+        batch.sort_by_key(|p| p.ts);
+        let Some(first) = batch.first().map(|p| p.ts) else {
+            return;
+        };
+        // Held records later than the batch's first: these two runs interleave.
+        let keep = self.queue.partition_point(|p| p.ts <= first);
+        if keep == self.queue.len() {
+            self.queue.extend(batch);
+            return;
+        }
+        let tail: Vec<Pending> = self.queue.drain(keep..).collect();
+        let mut tail = tail.into_iter().peekable();
+        let mut batch = batch.into_iter().peekable();
+        loop {
+            // Held records first on equal timestamps: they arrived earlier.
+            let from_tail = match (tail.peek(), batch.peek()) {
+                (Some(t), Some(b)) => t.ts <= b.ts,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let next = if from_tail { tail.next() } else { batch.next() };
+            self.queue.extend(next);
+        }
     }
 
     /// Pops the oldest event if its timestamp is below `watermark` (any event with
@@ -168,48 +206,72 @@ impl Pipeline {
         }
     }
 
-    /// Moves what is in the ring buffer into the reorder buffer, until it holds [`MAX_HELD`]
-    /// events; `observe` sees each record first, in arrival order. Returns true when it
-    /// stopped at that bound, so the ring may hold more (see [`pump`]).
+    /// Moves what is in the rings into the reorder buffer, until it holds [`MAX_HELD`]
+    /// events; `observe` sees each record first, in arrival order. Returns `Some(ts)` when a
+    /// ring stopped at that bound, so the rings may hold more: `ts` is then the newest time
+    /// drained from the rings that stopped, and nothing later than it is known to be complete
+    /// (see [`pump`]).
     pub fn drain(
         &mut self,
-        ring: &mut RingBuf<MapData>,
+        rings: &mut EventRings,
         probes: &LoadedProbes,
         mut observe: impl FnMut(&Record),
-    ) -> bool {
+    ) -> Option<u64> {
         let Pipeline {
             reorder,
             classifier,
             stacks,
             keep,
-            ..
+            undecodable: undecodable_total,
         } = self;
         let room = if *keep {
             MAX_HELD.saturating_sub(reorder.held())
         } else {
             usize::MAX
         };
+        // Each ring gets a share of the room, so one busy ring cannot starve the others of
+        // their turn (their older events would then be released late).
+        let share = (room / rings.len().max(1)).max(1);
         if room == 0 {
-            return true;
+            return Some(reorder.newest_ts().unwrap_or(0));
         }
-        let (taken, undecodable) =
-            crate::live::drain_at_most(ring, probes, classifier, stacks, room, |mut rec| {
-                observe(&rec);
-                if !*keep {
-                    return;
-                }
-                if let Record::Work(w) = &mut rec {
-                    w.function = probes
-                        .ksyms
-                        .as_ref()
-                        .and_then(|k| k.resolve(w.function_addr.0))
-                        .map(|(s, _)| s.name.clone())
-                        .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
-                }
-                reorder.push(rec);
-            });
-        self.undecodable += undecodable;
-        taken == room
+        let mut batch = Vec::new();
+        let mut cut_at: Option<u64> = None;
+        for i in 0..rings.len() {
+            let mut newest = None;
+            let (taken, undecodable) = crate::live::drain_at_most(
+                rings.ring(i),
+                probes,
+                classifier,
+                stacks,
+                share,
+                |mut rec| {
+                    observe(&rec);
+                    if !*keep {
+                        return;
+                    }
+                    if let Some(ts) = rec.ts_ns() {
+                        newest = Some(newest.map_or(ts, |n: u64| n.max(ts)));
+                    }
+                    if let Record::Work(w) = &mut rec {
+                        w.function = probes
+                            .ksyms
+                            .as_ref()
+                            .and_then(|k| k.resolve(w.function_addr.0))
+                            .map(|(s, _)| s.name.clone())
+                            .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
+                    }
+                    batch.push(rec);
+                },
+            );
+            *undecodable_total += undecodable;
+            if taken == share {
+                let ts = newest.unwrap_or(0);
+                cut_at = Some(cut_at.map_or(ts, |c| c.min(ts)));
+            }
+        }
+        reorder.push_batch(batch);
+        cut_at
     }
 
     /// Adds a record that did not come from the ring buffer (a meminfo or allocinfo sample).
@@ -240,30 +302,30 @@ impl Pipeline {
     }
 }
 
-/// Drains the ring buffer and has `write` take every event below `watermark` from the
-/// pipeline's reorder buffer, in as many rounds as the [`MAX_HELD`] bound needs. While the ring
-/// still holds more, a round only releases events older than the newest one held by the reorder
-/// window, so the events still in the ring (later in reservation order) cannot be written out of
-/// order by a round boundary. `observe` sees every record drained, as in [`Pipeline::drain`].
+/// Drains the rings and has `write` take every event below `watermark` from the pipeline's
+/// reorder buffer, in as many rounds as the [`MAX_HELD`] bound needs. While a ring still holds
+/// more, a round only releases events older than the newest one drained from it (less the
+/// reorder window), so the events still in it (later in reservation order) cannot be written
+/// out of order by a round boundary. `observe` sees every record drained, as in
+/// [`Pipeline::drain`].
 pub fn pump<E>(
     pipeline: &mut Pipeline,
-    ring: &mut RingBuf<MapData>,
+    rings: &mut EventRings,
     probes: &LoadedProbes,
     watermark: u64,
     mut observe: impl FnMut(&Record),
     mut write: impl FnMut(&mut Pipeline, u64) -> Result<(), E>,
 ) -> Result<(), E> {
     loop {
-        let more = pipeline.drain(ring, probes, &mut observe);
+        let cut = pipeline.drain(rings, probes, &mut observe);
         let held = pipeline.reorder.held();
-        if !more {
+        let Some(cut) = cut else {
             write(pipeline, watermark)?;
             break;
-        }
-        let newest = pipeline.reorder.newest_ts().unwrap_or(0);
+        };
         write(
             pipeline,
-            watermark.min(newest.saturating_sub(REORDER_WINDOW_NS)),
+            watermark.min(cut.saturating_sub(REORDER_WINDOW_NS)),
         )?;
         if pipeline.reorder.held() == held {
             // Everything held lies within one window of the newest (over a million events a
@@ -660,10 +722,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
 
     let mut probes = LoadedProbes::load_and_attach(ring_bytes, &wanted)?;
     let stats_at_start = crate::probe::loader::bpf_stats_enabled();
-    let ring = probes.take_ring()?;
-    // SAFETY: the RingBuf owns its map fd and outlives nothing it borrows; the AsyncFd owns it.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+    let mut rings = EventRings::take(&mut probes)?;
     let (nodes, _) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
     let mut pipeline = Pipeline::new(nodes, true);
 
@@ -675,14 +734,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
             "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"
         );
     }
-    let calibration = calibrate(
-        &mut pipeline,
-        ring.get_mut(),
-        &probes,
-        facts.page_size,
-        |_| {},
-    )
-    .await;
+    let calibration = calibrate(&mut pipeline, &mut rings, &probes, facts.page_size, |_| {}).await;
     if !calibration.saw_allocation() {
         log::warn!("calibration allocation was not seen by the probes; header range is unknown");
     }
@@ -733,10 +785,9 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let mut ring_error = None;
     let reason = loop {
         tokio::select! {
-            r = ring.readable_mut() => match r {
-                Ok(mut guard) => {
-                    guard.clear_ready();
-                    pipeline.drain(guard.get_inner_mut(), &probes, |_| {});
+            r = rings.readable() => match r {
+                Ok(()) => {
+                    pipeline.drain(&mut rings, &probes, |_| {});
                 }
                 Err(e) => {
                     // Still write what we have and a footer that says the recording broke off.
@@ -756,7 +807,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
             }
             _ = flush_tick.tick() => {
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
-                pump(&mut pipeline, ring.get_mut(), &probes, watermark, |_| {}, |p, w| {
+                pump(&mut pipeline, &mut rings, &probes, watermark, |_| {}, |p, w| {
                     emit(&mut p.reorder, w, &mut file)
                 })
                 .context("writing the trace")?;
@@ -789,7 +840,7 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     probes.detach();
     pump(
         &mut pipeline,
-        ring.get_mut(),
+        &mut rings,
         &probes,
         u64::MAX,
         |_| {},
@@ -931,7 +982,7 @@ fn reason_text(r: StopReason) -> &'static str {
 /// meanwhile, as in [`Pipeline::drain`].
 pub async fn calibrate(
     pipeline: &mut Pipeline,
-    ring: &mut RingBuf<MapData>,
+    rings: &mut EventRings,
     probes: &LoadedProbes,
     page_size: u64,
     mut observe: impl FnMut(&Record),
@@ -947,7 +998,7 @@ pub async fn calibrate(
     let deadline = tokio::time::Instant::now() + CALIBRATION_TIMEOUT;
     let mut addr = None;
     loop {
-        pipeline.drain(ring, probes, &mut observe);
+        pipeline.drain(rings, probes, &mut observe);
         for rec in pipeline.reorder.iter() {
             match rec {
                 Record::Alloc(a)
@@ -1027,6 +1078,55 @@ mod tests {
         r.pop_ready(u64::MAX, |rec| out.push(rec.ts_ns().unwrap()));
         assert_eq!(out, [10, 20, 30, 25, 40, 50]);
         assert_eq!(r.late, 1);
+    }
+
+    proptest::proptest! {
+        /// Batches of per-ring sorted runs, pushed one drain after another with single pushes in
+        /// between, come out exactly as if every record had been pushed alone: in time order,
+        /// ties in arrival order.
+        #[test]
+        fn batches_of_sorted_runs_merge_like_single_pushes(
+            drains in proptest::collection::vec(
+                (proptest::collection::vec(proptest::collection::vec(0u64..60, 0..30), 1..4), 0u64..60),
+                1..6,
+            )
+        ) {
+            let (mut batched, mut single) = (Reorder::default(), Reorder::default());
+            let mut seq = 0u32;
+            let mut tagged = |t: u64| {
+                let mut rec = purge(t);
+                if let Record::Purge(p) = &mut rec {
+                    p.npurged = seq;
+                }
+                seq += 1;
+                rec
+            };
+            for (runs, extra) in drains {
+                let mut batch = Vec::new();
+                for mut run in runs {
+                    run.sort();
+                    for t in run {
+                        let rec = tagged(t);
+                        single.push(rec.clone());
+                        batch.push(rec);
+                    }
+                }
+                batched.push_batch(batch);
+                let rec = tagged(extra);
+                single.push(rec.clone());
+                batched.push(rec);
+            }
+            let drain = |r: &mut Reorder| {
+                let mut out = Vec::new();
+                r.pop_ready(u64::MAX, |rec| {
+                    if let Record::Purge(p) = rec {
+                        out.push((p.ctx.ts_ns, p.npurged));
+                    }
+                });
+                out
+            };
+            proptest::prop_assert_eq!(drain(&mut batched), drain(&mut single));
+        }
     }
 
     proptest::proptest! {

@@ -17,14 +17,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use aya::maps::{MapData, RingBuf};
 use clap::Args;
-use tokio::io::unix::AsyncFd;
 
 use super::http::{self, Handler, Limits};
 use super::rotate::{RotateOptions, Rotating};
 use super::{caps, Features, Metrics};
 use crate::host::{system, vmallocinfo};
+use crate::live::EventRings;
 use crate::probe::LoadedProbes;
 use crate::record::{self, Pipeline, ProbeCounters};
 use crate::trace::{Record, StopReason};
@@ -41,7 +40,7 @@ pub struct ServeArgs {
     #[arg(long, value_delimiter = ',', default_value = crate::cli::DEFAULT_PROBES)]
     pub probes: Vec<String>,
 
-    /// Size of the BPF ring buffer in MiB (a power of two).
+    /// Total size of the BPF ring buffers in MiB (a power of two), one ring per CPU up to eight.
     #[arg(long, default_value_t = 64)]
     pub ring_mib: u32,
 
@@ -266,7 +265,7 @@ fn event_thread(config: EventConfig, ready: SyncSender<Ready>) -> Result<Option<
 /// Everything the event loop works with, set up while the capabilities are still held.
 struct Attached {
     probes: LoadedProbes,
-    ring: AsyncFd<RingBuf<MapData>>,
+    rings: EventRings,
     metrics: Arc<Metrics>,
     pipeline: Pipeline,
     rotating: Option<Rotating>,
@@ -279,10 +278,7 @@ async fn attach(config: &mut EventConfig) -> Result<Attached, String> {
     let facts = system::SystemFacts::read().map_err(|e| format!("reading kernel facts: {e}"))?;
     let mut probes = LoadedProbes::load_and_attach(config.ring_bytes, &config.wanted)
         .map_err(|e| e.to_string())?;
-    let ring = probes.take_ring().map_err(|e| e.to_string())?;
-    // SAFETY: as in record.rs: the AsyncFd owns the RingBuf, which owns its map fd.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| format!("polling the ring buffer: {e}"))?;
+    let mut rings = EventRings::take(&mut probes).map_err(|e| format!("{e:#}"))?;
     let (nodes, _zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
     let metrics = Arc::new(Metrics::new(Features::from_probes(&probes.infos)));
     metrics.set_probes(&probes.infos);
@@ -299,14 +295,11 @@ async fn attach(config: &mut EventConfig) -> Result<Attached, String> {
                     "/proc/vmallocinfo addresses are hashed; the trace files cannot seed a replay"
                 );
             }
-            let calibration = record::calibrate(
-                &mut pipeline,
-                ring.get_mut(),
-                &probes,
-                facts.page_size,
-                |rec| metrics.observe(rec),
-            )
-            .await;
+            let calibration =
+                record::calibrate(&mut pipeline, &mut rings, &probes, facts.page_size, |rec| {
+                    metrics.observe(rec)
+                })
+                .await;
             if !calibration.saw_allocation() {
                 log::warn!(
                     "calibration allocation was not seen by the probes; header range is unknown"
@@ -337,7 +330,7 @@ async fn attach(config: &mut EventConfig) -> Result<Attached, String> {
     };
     Ok(Attached {
         probes,
-        ring,
+        rings,
         metrics,
         pipeline,
         rotating,
@@ -350,7 +343,7 @@ async fn events(
 ) -> Result<Option<PathBuf>, String> {
     let Attached {
         mut probes,
-        mut ring,
+        mut rings,
         metrics,
         mut pipeline,
         mut rotating,
@@ -379,10 +372,9 @@ async fn events(
     let mut ring_error = None;
     let reason = loop {
         tokio::select! {
-            r = ring.readable_mut() => match r {
-                Ok(mut g) => {
-                    g.clear_ready();
-                    pipeline.drain(g.get_inner_mut(), &probes, observe);
+            r = rings.readable() => match r {
+                Ok(()) => {
+                    pipeline.drain(&mut rings, &probes, observe);
                 }
                 Err(e) => {
                     ring_error = Some(format!("ring buffer: {e}"));
@@ -392,14 +384,14 @@ async fn events(
             _ = tick.tick() => {
                 // The probes submit without waking user space for every record (cheaper in
                 // the kernel), so readiness alone can leave records waiting: drain on the tick.
-                pipeline.drain(ring.get_mut(), &probes, observe);
+                pipeline.drain(&mut rings, &probes, observe);
                 config.heartbeat.store(config.started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 pipeline.bound_stack_cache(MAX_STACKS);
                 if let Some(r) = rotating.as_mut() {
                     let watermark = system::boottime_ns().saturating_sub(record::REORDER_WINDOW_NS);
                     let written = record::pump(
                         &mut pipeline,
-                        ring.get_mut(),
+                        &mut rings,
                         &probes,
                         watermark,
                         observe,
@@ -425,14 +417,14 @@ async fn events(
     let mut last = None;
     match rotating {
         None => {
-            pipeline.drain(ring.get_mut(), &probes, observe);
+            pipeline.drain(&mut rings, &probes, observe);
             slow_work(&probes, &mut pipeline);
         }
         Some(mut r) => {
             slow_work(&probes, &mut pipeline);
             let closed = record::pump(
                 &mut pipeline,
-                ring.get_mut(),
+                &mut rings,
                 &probes,
                 u64::MAX,
                 observe,

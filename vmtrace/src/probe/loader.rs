@@ -177,11 +177,24 @@ pub fn build_layout(
     Ok((layout, info))
 }
 
+/// How `ring_bytes` (a power of two) is split over the event rings: one ring per possible CPU
+/// up to [`vmtrace_common::RINGS`], each the largest power of two that keeps the total within
+/// `ring_bytes`, and never under a page (the kernel's minimum).
+pub fn ring_split(ring_bytes: u64, possible_cpus: u32, page: u64) -> (usize, u64) {
+    let n = (possible_cpus as usize).clamp(1, vmtrace_common::RINGS);
+    let share = (ring_bytes / n as u64).max(1);
+    // Largest power of two <= share.
+    let each = 1u64 << (63 - share.leading_zeros());
+    (n, each.max(page))
+}
+
 /// Probes loaded and attached; dropping this detaches them.
 pub struct LoadedProbes {
     ebpf: Ebpf,
     pub infos: Vec<ProbeInfo>,
     pub ring_bytes: u64,
+    /// Event rings in use (see [`ring_split`]).
+    pub nr_rings: usize,
     lost: PerCpuArray<MapData, u64>,
     /// Owned links of the three vmalloc tracepoints; dropping one detaches it.
     links: Vec<Box<dyn std::any::Any>>,
@@ -389,6 +402,8 @@ impl LoadedProbes {
     }
 
     fn load_with(tracefs: &Path, ring_bytes: u64, wanted: &[&str]) -> Result<Self, ProbeError> {
+        let facts = host::system::SystemFacts::read()?;
+        let (nr_rings, ring_each) = ring_split(ring_bytes, facts.possible_cpus, facts.page_size);
         let mut layouts = Vec::new();
         let mut infos = Vec::new();
         for spec in &TRACEPOINTS {
@@ -528,8 +543,19 @@ impl LoadedProbes {
         loader.override_global(names::VMALLOC_PAGE_RANGES, &page_ranges, true);
         loader.override_global(names::WORK_FUNCS, &work_funcs, true);
         loader.override_global(names::PAGE_FILTER, &filter, true);
-        // Checked above to fit.
-        loader.map_max_entries(names::EVENTS, ring_bytes as u32);
+        // Checked above to fit; the rings past `nr_rings` are never reserved in: one page.
+        for (i, name) in names::EVENT_RINGS.iter().enumerate() {
+            let bytes = if i < nr_rings {
+                ring_each
+            } else {
+                facts.page_size
+            };
+            loader.map_max_entries(name, bytes as u32);
+        }
+        let nr_rings_value = nr_rings as u32;
+        let wakeup_bytes = (ring_each / 16).max(facts.page_size);
+        loader.override_global(names::NR_RINGS, &nr_rings_value, true);
+        loader.override_global(names::WAKEUP_BYTES, &wakeup_bytes, true);
         let mut ebpf = loader
             .load(PROBES_OBJECT)
             .map_err(|e| classify_load_error(Box::new(e)))?;
@@ -698,7 +724,8 @@ impl LoadedProbes {
         Ok(Self {
             ebpf,
             infos,
-            ring_bytes,
+            ring_bytes: nr_rings as u64 * ring_each,
+            nr_rings,
             lost,
             links,
             vmalloc_programs,
@@ -762,18 +789,21 @@ impl LoadedProbes {
         self.links.clear();
     }
 
-    /// Takes the event ring buffer; call once.
-    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self.ebpf.take_map(names::EVENTS).ok_or(ProbeError::Map {
-            map: names::EVENTS,
-            source: Box::new(aya::maps::MapError::InvalidName {
-                name: names::EVENTS.into(),
-            }),
-        })?;
-        RingBuf::try_from(map).map_err(|e| ProbeError::Map {
-            map: names::EVENTS,
-            source: Box::new(e),
-        })
+    /// Takes the event rings in use, CPU `c`'s being number `c % nr_rings`; call once.
+    pub fn take_rings(&mut self) -> Result<Vec<RingBuf<MapData>>, ProbeError> {
+        names::EVENT_RINGS[..self.nr_rings]
+            .iter()
+            .map(|&name| {
+                let map = self.ebpf.take_map(name).ok_or(ProbeError::Map {
+                    map: names::EVENTS,
+                    source: Box::new(aya::maps::MapError::InvalidName { name: name.into() }),
+                })?;
+                RingBuf::try_from(map).map_err(|e| ProbeError::Map {
+                    map: names::EVENTS,
+                    source: Box::new(e),
+                })
+            })
+            .collect()
     }
 
     /// The kernel's own count of program runs, i.e. tracepoint hits, per probe. Only meaningful
@@ -1105,6 +1135,17 @@ fn start_probe_logger(ebpf: &mut Ebpf) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn rings_split_the_budget_one_per_cpu_up_to_eight() {
+        assert_eq!(ring_split(16 << 20, 2, 4096), (2, 8 << 20));
+        assert_eq!(ring_split(16 << 20, 1, 4096), (1, 16 << 20));
+        // Three CPUs: 16/3 MiB rounds down to 4 MiB each, so the total stays within budget.
+        assert_eq!(ring_split(16 << 20, 3, 4096), (3, 4 << 20));
+        assert_eq!(ring_split(16 << 20, 256, 4096), (8, 2 << 20));
+        // Never under a page, even when the budget is smaller than a page per ring.
+        assert_eq!(ring_split(4096, 8, 4096), (8, 4096));
+    }
     use super::*;
 
     fn fmt(fields: &[(&str, u16, u8, bool)]) -> Format {

@@ -52,7 +52,7 @@ pub struct TopArgs {
     #[arg(long, value_delimiter = ',', default_value = crate::cli::DEFAULT_PROBES)]
     pub probes: Vec<String>,
 
-    /// Size of the BPF ring buffer in MiB (a power of two).
+    /// Total size of the BPF ring buffers in MiB (a power of two), one ring per CPU up to eight.
     #[arg(long, default_value_t = 64)]
     pub ring_mib: u32,
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::app::{top_callers, Batch, Event, Mode, ModelView, SourceInfo};
 use crate::host::{meminfo, system, vmallocinfo};
+use crate::live::EventRings;
 use crate::probe::contention::Classifier;
 use crate::probe::LoadedProbes;
 use crate::record::Reorder;
@@ -271,19 +272,15 @@ async fn live(
     stop: Arc<AtomicBool>,
     ready: std::sync::mpsc::SyncSender<Result<(), String>>,
 ) {
-    use tokio::io::unix::AsyncFd;
     let setup = async {
         let facts =
             system::SystemFacts::read().map_err(|e| format!("reading kernel facts: {e}"))?;
         let mut probes =
             LoadedProbes::load_and_attach(ring_bytes, &wanted).map_err(|e| e.to_string())?;
-        let ring = probes.take_ring().map_err(|e| e.to_string())?;
-        // SAFETY: as in record.rs: the AsyncFd owns the RingBuf, which owns its map fd.
-        let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-            .map_err(|e| format!("polling the ring buffer: {e}"))?;
-        Ok::<_, String>((facts, probes, ring))
+        let rings = EventRings::take(&mut probes).map_err(|e| format!("{e:#}"))?;
+        Ok::<_, String>((facts, probes, rings))
     };
-    let (facts, probes, mut ring) = match setup.await {
+    let (facts, probes, mut rings) = match setup.await {
         Ok(v) => v,
         Err(why) => {
             let _ = ready.send(Err(why));
@@ -328,10 +325,9 @@ async fn live(
     let mut lost_total = 0u64;
     loop {
         tokio::select! {
-            r = ring.readable_mut() => match r {
-                Ok(mut g) => {
-                    g.clear_ready();
-                    drain(g.get_inner_mut(), &probes, &mut reorder, &mut classifier, &mut stacks);
+            r = rings.readable() => match r {
+                Ok(()) => {
+                    drain(&mut rings, &probes, &mut reorder, &mut classifier, &mut stacks);
                 }
                 Err(e) => {
                     let _ = tx.send(Event::SourceEnded(format!("ring buffer: {e}")));
@@ -342,7 +338,7 @@ async fn live(
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
-                drain(ring.get_mut(), &probes, &mut reorder, &mut classifier, &mut stacks);
+                drain(&mut rings, &probes, &mut reorder, &mut classifier, &mut stacks);
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
                 let mut records = Vec::new();
                 reorder.pop_ready(watermark, |r| records.push(r));
@@ -376,11 +372,13 @@ async fn live(
 
 /// Decodes everything in the ring buffer into the reorder buffer (see [`crate::live::drain`]).
 fn drain(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    rings: &mut EventRings,
     probes: &LoadedProbes,
     reorder: &mut Reorder,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
 ) {
-    crate::live::drain(ring, probes, classifier, stacks, |r| reorder.push(r));
+    let mut batch = Vec::new();
+    crate::live::drain(rings, probes, classifier, stacks, |r| batch.push(r));
+    reorder.push_batch(batch);
 }
