@@ -73,8 +73,9 @@ impl EventRings {
     }
 }
 
-/// Decodes everything in every ring and hands each record to `push`, ring by ring (so records
-/// arrive in time order within a ring only: the caller sorts, see `Reorder::push_batch`),
+/// Decodes everything in every ring and hands each record to `push` with its ring's index,
+/// ring by ring (so records arrive in time order within a ring only: the caller merges, see
+/// `Reorder::push_runs`),
 /// resolving contention stacks (cached by stack id: the stack map is read once per distinct
 /// stack) to lock classes. Returns how many ring records could not be decoded (`record` counts
 /// them in the footer).
@@ -83,21 +84,15 @@ pub fn drain(
     probes: &LoadedProbes,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
-    mut push: impl FnMut(Record),
+    mut push: impl FnMut(usize, Record),
 ) -> u64 {
-    (0..rings.len())
-        .map(|i| {
-            drain_at_most(
-                rings.ring(i),
-                probes,
-                classifier,
-                stacks,
-                usize::MAX,
-                &mut push,
-            )
-            .1
-        })
-        .sum()
+    let mut undecodable = 0;
+    for i in 0..rings.len() {
+        let ring = rings.ring(i);
+        undecodable +=
+            drain_at_most(ring, probes, classifier, stacks, usize::MAX, |r| push(i, r)).1;
+    }
+    undecodable
 }
 
 /// Drains one ring, stopping after `max` ring records, so a reader that holds what it drains

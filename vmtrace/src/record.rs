@@ -84,42 +84,45 @@ impl Reorder {
         self.queue.insert(at, Pending { ts, record });
     }
 
-    /// Adds a batch of records drained from the rings, each ring's in time order but the rings
-    /// one after another. Sorting the batch (a merge of its few sorted runs, stable, so ties
-    /// keep their arrival order) and then merging it with the queue's tail costs O(n log rings);
-    /// [`Reorder::push`] one by one would walk back over every later record of the rings
-    /// drained before.
-    pub fn push_batch(&mut self, batch: Vec<Record>) {
-        let mut batch: Vec<Pending> = batch
-            .into_iter()
-            .map(|record| Pending {
-                ts: record.ts_ns().unwrap_or(0),
-                record,
-            })
-            .collect();
-        batch.sort_by_key(|p| p.ts);
-        let Some(first) = batch.first().map(|p| p.ts) else {
+    /// Adds what one drain took from the rings, one run per ring, each in time order (a run
+    /// that is not, e.g. a ring shared by CPUs, is sorted first). The runs are merged with the
+    /// held records later than their first, ties in arrival order (held records, then ring 0,
+    /// ring 1, …), which is what [`Reorder::push`] one by one would give; pushing one by one
+    /// would instead walk back over every later record of the rings drained before. Each record
+    /// is moved once; the runs are left empty with their capacity, for the next drain.
+    pub fn push_runs(&mut self, runs: &mut [Vec<Record>]) {
+        let ts_of = |r: &Record| r.ts_ns().unwrap_or(0);
+        for run in runs.iter_mut() {
+            if !run.is_sorted_by_key(ts_of) {
+                run.sort_by_key(ts_of);
+            }
+        }
+        let Some(first) = runs.iter().filter_map(|r| r.first().map(ts_of)).min() else {
             return;
         };
-        // Held records later than the batch's first: these two runs interleave.
+        // Held records later than the runs' first: they interleave with the runs.
         let keep = self.queue.partition_point(|p| p.ts <= first);
-        if keep == self.queue.len() {
-            self.queue.extend(batch);
-            return;
-        }
         let tail: Vec<Pending> = self.queue.drain(keep..).collect();
         let mut tail = tail.into_iter().peekable();
-        let mut batch = batch.into_iter().peekable();
+        let mut runs: Vec<_> = runs.iter_mut().map(|r| r.drain(..).peekable()).collect();
         loop {
-            // Held records first on equal timestamps: they arrived earlier.
-            let from_tail = match (tail.peek(), batch.peek()) {
-                (Some(t), Some(b)) => t.ts <= b.ts,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
-            };
-            let next = if from_tail { tail.next() } else { batch.next() };
-            self.queue.extend(next);
+            let mut best = tail.peek().map(|p| (p.ts, None));
+            for (i, run) in runs.iter_mut().enumerate() {
+                if let Some(ts) = run.peek().map(ts_of) {
+                    if best.is_none_or(|(b, _)| ts < b) {
+                        best = Some((ts, Some(i)));
+                    }
+                }
+            }
+            match best {
+                None => break,
+                Some((_, None)) => self.queue.extend(tail.next()),
+                Some((ts, Some(i))) => {
+                    if let Some(record) = runs[i].next() {
+                        self.queue.push_back(Pending { ts, record });
+                    }
+                }
+            }
         }
     }
 
@@ -184,6 +187,8 @@ const MAX_HELD: usize = 1 << 16;
 /// functions resolved to names, then the reorder window.
 pub struct Pipeline {
     pub reorder: Reorder,
+    /// One run per ring for [`Reorder::push_runs`], kept between drains for its capacity.
+    runs: Vec<Vec<Record>>,
     undecodable: u64,
     classifier: Classifier,
     /// Resolved contention stacks by stack id: the stack map is read once per distinct stack.
@@ -199,6 +204,7 @@ impl Pipeline {
     pub fn new(nodes: u32, keep: bool) -> Self {
         Pipeline {
             reorder: Reorder::default(),
+            runs: Vec::new(),
             undecodable: 0,
             classifier: Classifier::new(nodes),
             stacks: HashMap::new(),
@@ -219,6 +225,7 @@ impl Pipeline {
     ) -> Option<u64> {
         let Pipeline {
             reorder,
+            runs,
             classifier,
             stacks,
             keep,
@@ -235,9 +242,9 @@ impl Pipeline {
         if room == 0 {
             return Some(reorder.newest_ts().unwrap_or(0));
         }
-        let mut batch = Vec::new();
+        runs.resize_with(rings.len(), Vec::new);
         let mut cut_at: Option<u64> = None;
-        for i in 0..rings.len() {
+        for (i, run) in runs.iter_mut().enumerate() {
             let mut newest = None;
             let (taken, undecodable) = crate::live::drain_at_most(
                 rings.ring(i),
@@ -261,7 +268,7 @@ impl Pipeline {
                             .map(|(s, _)| s.name.clone())
                             .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
                     }
-                    batch.push(rec);
+                    run.push(rec);
                 },
             );
             *undecodable_total += undecodable;
@@ -270,7 +277,7 @@ impl Pipeline {
                 cut_at = Some(cut_at.map_or(ts, |c| c.min(ts)));
             }
         }
-        reorder.push_batch(batch);
+        reorder.push_runs(runs);
         cut_at
     }
 
@@ -1081,17 +1088,18 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Batches of per-ring sorted runs, pushed one drain after another with single pushes in
-        /// between, come out exactly as if every record had been pushed alone: in time order,
-        /// ties in arrival order.
+        /// Runs (one per ring, in any order within), pushed one drain after another with single
+        /// pushes in between, come out exactly as if every record had been pushed alone: in
+        /// time order, ties in arrival order.
         #[test]
-        fn batches_of_sorted_runs_merge_like_single_pushes(
+        fn runs_merge_like_single_pushes(
             drains in proptest::collection::vec(
                 (proptest::collection::vec(proptest::collection::vec(0u64..60, 0..30), 1..4), 0u64..60),
                 1..6,
-            )
+            ),
+            sort_runs in proptest::bool::ANY,
         ) {
-            let (mut batched, mut single) = (Reorder::default(), Reorder::default());
+            let (mut merged, mut single) = (Reorder::default(), Reorder::default());
             let mut seq = 0u32;
             let mut tagged = |t: u64| {
                 let mut rec = purge(t);
@@ -1104,17 +1112,22 @@ mod tests {
             for (runs, extra) in drains {
                 let mut batch = Vec::new();
                 for mut run in runs {
-                    run.sort();
+                    if sort_runs {
+                        run.sort();
+                    }
+                    let mut ring = Vec::new();
                     for t in run {
                         let rec = tagged(t);
                         single.push(rec.clone());
-                        batch.push(rec);
+                        ring.push(rec);
                     }
+                    batch.push(ring);
                 }
-                batched.push_batch(batch);
+                merged.push_runs(&mut batch);
+                proptest::prop_assert!(batch.iter().all(Vec::is_empty));
                 let rec = tagged(extra);
                 single.push(rec.clone());
-                batched.push(rec);
+                merged.push(rec);
             }
             let drain = |r: &mut Reorder| {
                 let mut out = Vec::new();
@@ -1125,7 +1138,7 @@ mod tests {
                 });
                 out
             };
-            proptest::prop_assert_eq!(drain(&mut batched), drain(&mut single));
+            proptest::prop_assert_eq!(drain(&mut merged), drain(&mut single));
         }
     }
 

@@ -108,7 +108,7 @@ pub fn summarize(input: impl BufRead) -> Result<Summary, ReadError> {
                 }
                 known.insert(a.addr.0);
                 *sizes.entry(a.size).or_default() += 1;
-                *comms.entry(a.ctx.comm).or_default() += 1;
+                *comms.entry(a.ctx.comm.into_string()).or_default() += 1;
                 if let Some((lo, hi)) = range {
                     let inside_vmalloc =
                         a.addr.0 >= lo && a.addr.0.saturating_add(a.size) <= hi.saturating_add(1);

@@ -357,7 +357,7 @@ fn sample_records() -> Vec<Record> {
         }),
         Record::Free(Free {
             ctx: Ctx {
-                comm: String::new(),
+                comm: Default::default(),
                 ..ctx(1_000_000_500)
             },
             va_start: KAddr(VSTART + 0xc000),

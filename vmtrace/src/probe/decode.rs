@@ -6,6 +6,15 @@ use crate::trace::{
     Alloc, Contention, Ctx, Free, KAddr, Latency, LockClass, PtLevel, PtPage, Purge, Record, Work,
 };
 
+/// A task name, inline (no heap allocation: at most 15 bytes). Nearly always valid UTF-8;
+/// anything else is replaced lossily, on the slow path.
+fn comm(bytes: &[u8]) -> compact_str::CompactString {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => compact_str::CompactString::new(s),
+        Err(_) => compact_str::CompactString::from(String::from_utf8_lossy(bytes)),
+    }
+}
+
 /// Decodes one ring-buffer record; `None` for a short record or an unknown kind (a newer probe
 /// object than this reader), which the caller counts.
 ///
@@ -29,7 +38,7 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
         cpu: ev.cpu,
         tgid: ev.tgid,
         pid: ev.pid,
-        comm: String::from_utf8_lossy(&ev.comm[..comm_len]).into_owned(),
+        comm: comm(&ev.comm[..comm_len]),
     };
     let f = ev.fields;
     Some(match ev.kind {

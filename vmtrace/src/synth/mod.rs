@@ -393,7 +393,7 @@ impl<'p> Generator<'p> {
             cpu: wk.cpu,
             tgid: 1000 + wk.id,
             pid: 1000 + wk.id,
-            comm: format!("vmalloc_test/{}", wk.id),
+            comm: compact_str::format_compact!("vmalloc_test/{}", wk.id),
         }
     }
 
@@ -632,7 +632,7 @@ fn kworker(ts: u64, cpu: u32) -> Ctx {
         cpu,
         tgid: 2,
         pid: 100_000 + cpu,
-        comm: format!("kworker/{cpu}:1"),
+        comm: compact_str::format_compact!("kworker/{cpu}:1"),
     }
 }
 

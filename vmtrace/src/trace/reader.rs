@@ -245,7 +245,7 @@ macro_rules! hot_record {
             cpu: u32,
             tgid: u32,
             pid: u32,
-            comm: String,
+            comm: compact_str::CompactString,
             $($field: $ty),*
         }
 

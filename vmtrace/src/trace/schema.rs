@@ -1,5 +1,6 @@
 //! The records of a trace, one per line. `docs/trace-format.md` is the prose version of this file.
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use super::KAddr;
@@ -180,7 +181,7 @@ pub struct Ctx {
     pub cpu: u32,
     pub tgid: u32,
     pub pid: u32,
-    pub comm: String,
+    pub comm: CompactString,
 }
 
 /// `vmalloc:alloc_vmap_area`: one attempt to allocate a vmap area (a request may retry).

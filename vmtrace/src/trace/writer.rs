@@ -160,7 +160,7 @@ mod tests {
                 cpu,
                 tgid,
                 pid,
-                comm,
+                comm: comm.into(),
             })
     }
 

@@ -378,7 +378,9 @@ fn drain(
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
 ) {
-    let mut batch = Vec::new();
-    crate::live::drain(rings, probes, classifier, stacks, |r| batch.push(r));
-    reorder.push_batch(batch);
+    let mut runs = vec![Vec::new(); rings.len()];
+    crate::live::drain(rings, probes, classifier, stacks, |ring, r| {
+        runs[ring].push(r)
+    });
+    reorder.push_runs(&mut runs);
 }
