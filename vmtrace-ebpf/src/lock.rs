@@ -12,7 +12,7 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::{fentry, fexit, kprobe, kretprobe, map},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::{
         tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
         TracePointContext,
@@ -70,35 +70,58 @@ pub struct Pending {
     matched: u64,
 }
 
-/// What the stack filter decided per lock address: how many waits on it it dropped, or
-/// [`KEPT`] once one passed. Most contention in the system is on a handful of hot locks that
-/// are never vmap locks (zone and slab locks, BPF's id locks under the stress mix: over 90 % of
-/// `contention_begin` hits on the reference machine), and walking the stack of every wait on
-/// them was most of the lock probe's cost. After [`SKIP_AFTER`] drops and no keep, a lock's
-/// waits are dropped without the walk, except every [`RECHECK`]th, so a lock taken on vmap
-/// paths too (`init_mm.page_table_lock`) is still found and then never skipped. The vmap
-/// locks are static or per node and never move, so an address keeps its meaning; the LRU
-/// forgets addresses of freed objects.
+/// What the stack filter decided per lock address, on this CPU: how many waits on it it
+/// dropped, or [`KEPT`] once one passed. Most contention in the system is on a handful of hot
+/// locks that are never vmap locks (zone and slab locks, BPF's id locks under the stress mix:
+/// over 90 % of `contention_begin` hits on the reference machine), and walking the stack of
+/// every wait on them was most of the lock probe's cost. After [`SKIP_AFTER`] drops and no
+/// keep, a lock's waits are dropped without the walk, except every [`RECHECK`]th, so a lock
+/// taken on vmap paths too (`init_mm.page_table_lock`) is still found and then never skipped.
+/// The vmap locks are static or per node and never move, so an address keeps its meaning.
+///
+/// A direct-mapped per-CPU cache ([`VERDICT_SLOTS`] slots, by a hash of the address): no lock
+/// and no allocation on the lookup, where the LRU hash map it replaced took a bucket lock and
+/// cost a third of the program on every contended lock in the system. Two hot locks that share
+/// a slot evict each other and are walked again; that only costs time.
 #[map]
-static LOCK_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
-/// [`LOCK_VERDICT`] value of a lock with at least one wait kept.
+static LOCK_VERDICT: PerCpuArray<Verdict> = PerCpuArray::with_max_entries(VERDICT_SLOTS, 0);
+const VERDICT_SLOTS: u32 = 1024;
+/// [`Verdict::drops`] of a lock with at least one wait kept.
 const KEPT: u64 = u64::MAX;
 const SKIP_AFTER: u64 = 64;
 const RECHECK: u64 = 64;
 
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Verdict {
+    lock: u64,
+    drops: u64,
+}
+
+/// This CPU's verdict slot for `lock`, whoever holds it now.
+#[inline(always)]
+fn verdict_slot(lock: u64) -> Option<*mut Verdict> {
+    // Fibonacci hashing: lock addresses are 8-byte aligned and clustered.
+    let h = (lock.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as u32;
+    LOCK_VERDICT.get_ptr_mut(h & (VERDICT_SLOTS - 1))
+}
+
 /// Whether the filter may drop this wait without walking the stack; counts the drop.
 #[inline(always)]
 fn skip_walk(lock: u64) -> bool {
-    let Some(v) = LOCK_VERDICT.get_ptr_mut(lock) else {
+    let Some(v) = verdict_slot(lock) else {
         return false;
     };
-    // SAFETY: a map value pointer; a racing update from another CPU only skews a count.
+    // SAFETY: this CPU's slot; programs run with migration disabled.
     unsafe {
-        let drops = *v;
+        if (*v).lock != lock {
+            return false;
+        }
+        let drops = (*v).drops;
         if drops == KEPT || drops < SKIP_AFTER {
             return false;
         }
-        *v = drops + 1;
+        (*v).drops = drops + 1;
         drops % RECHECK != 0
     }
 }
@@ -106,17 +129,20 @@ fn skip_walk(lock: u64) -> bool {
 /// Records the filter's verdict on a walked wait.
 #[inline(always)]
 fn record_verdict(lock: u64, kept: bool) {
-    match LOCK_VERDICT.get_ptr_mut(lock) {
-        // SAFETY: as in `skip_walk`.
-        Some(v) => unsafe {
-            if kept {
-                *v = KEPT;
-            } else if *v != KEPT {
-                *v += 1;
-            }
-        },
-        None => {
-            let _ = LOCK_VERDICT.insert(lock, if kept { KEPT } else { 1 }, 0);
+    let Some(v) = verdict_slot(lock) else {
+        return;
+    };
+    // SAFETY: as in `skip_walk`.
+    unsafe {
+        if (*v).lock != lock {
+            *v = Verdict {
+                lock,
+                drops: if kept { KEPT } else { 1 },
+            };
+        } else if kept {
+            (*v).drops = KEPT;
+        } else if (*v).drops != KEPT {
+            (*v).drops += 1;
         }
     }
 }
@@ -131,6 +157,12 @@ static PENDING_TASK: HashMap<u32, Pending> = HashMap::with_max_entries(4096, 0);
 
 #[inline(always)]
 fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock: u64, flags: u64) {
+    // First, as it is the cheapest test and drops most waits: it leaves no state behind, so
+    // a nested begin it drops changes nothing either.
+    if skip_walk(lock) {
+        bump(counter::CONTENTION_FILTERED);
+        return;
+    }
     let per_cpu = flags & (c::F_SPIN | c::F_MUTEX) == c::F_SPIN;
     let tid = bpf_get_current_pid_tgid() as u32;
     if per_cpu {
@@ -144,10 +176,6 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
     } else if PENDING_TASK.get_ptr(tid).is_some() {
         // A mutex reports a spinning phase and then a sleeping phase: keep the first begin.
         bump(counter::CONTENTION_NESTED);
-        return;
-    }
-    if skip_walk(lock) {
-        bump(counter::CONTENTION_FILTERED);
         return;
     }
     let (hit, own) =
