@@ -156,11 +156,6 @@ impl Reorder {
         self.queue.len()
     }
 
-    /// The latest timestamp held.
-    fn newest_ts(&self) -> Option<u64> {
-        self.queue.back().map(|p| p.ts)
-    }
-
     /// Gives back the memory a burst left behind (a deque keeps its largest capacity), so a
     /// long-running reader's footprint returns to what its steady rate needs. True when it
     /// shrank.
@@ -187,8 +182,8 @@ const MAX_HELD: usize = 1 << 16;
 /// functions resolved to names, then the reorder window.
 pub struct Pipeline {
     pub reorder: Reorder,
-    /// One run per ring for [`Reorder::push_runs`], kept between drains for its capacity.
-    runs: Vec<Vec<Record>>,
+    /// The next record of each ring, taken out but not yet merged (see [`Pipeline::drain`]).
+    heads: Vec<Option<Record>>,
     undecodable: u64,
     classifier: Classifier,
     /// Resolved contention stacks by stack id: the stack map is read once per distinct stack.
@@ -204,7 +199,7 @@ impl Pipeline {
     pub fn new(nodes: u32, keep: bool) -> Self {
         Pipeline {
             reorder: Reorder::default(),
-            runs: Vec::new(),
+            heads: Vec::new(),
             undecodable: 0,
             classifier: Classifier::new(nodes),
             stacks: HashMap::new(),
@@ -212,11 +207,14 @@ impl Pipeline {
         }
     }
 
-    /// Moves what is in the rings into the reorder buffer, until it holds [`MAX_HELD`]
-    /// events; `observe` sees each record first, in arrival order. Returns `Some(ts)` when a
-    /// ring stopped at that bound, so the rings may hold more: `ts` is then the newest time
-    /// drained from the rings that stopped, and nothing later than it is known to be complete
-    /// (see [`pump`]).
+    /// Moves what is in the rings into the reorder buffer, merging the rings as it goes (each
+    /// ring is in time order; the pipeline holds the next record of each ring, its head, and
+    /// always moves the oldest head), until the buffer holds [`MAX_HELD`] events; `observe`
+    /// sees each record first, in arrival order. Returns `Some(ts)` when it stopped at that
+    /// bound: every event still in the rings is then at least `ts` (the oldest head), and every
+    /// event held is at most `ts` (see [`pump`]). A ring found empty is not read again in the
+    /// same drain: what it receives meanwhile is newer than the drain's start, which the
+    /// caller's watermark keeps behind.
     pub fn drain(
         &mut self,
         rings: &mut EventRings,
@@ -225,60 +223,71 @@ impl Pipeline {
     ) -> Option<u64> {
         let Pipeline {
             reorder,
-            runs,
+            heads,
             classifier,
             stacks,
             keep,
             undecodable: undecodable_total,
         } = self;
-        let room = if *keep {
-            MAX_HELD.saturating_sub(reorder.held())
-        } else {
-            usize::MAX
-        };
-        // Each ring gets a share of the room, so one busy ring cannot starve the others of
-        // their turn (their older events would then be released late).
-        let share = (room / rings.len().max(1)).max(1);
-        if room == 0 {
-            return Some(reorder.newest_ts().unwrap_or(0));
+        if !*keep {
+            for i in 0..rings.len() {
+                let ring = rings.ring(i);
+                let (_, undecodable) = crate::live::drain_at_most(
+                    ring,
+                    probes,
+                    classifier,
+                    stacks,
+                    usize::MAX,
+                    |rec| observe(&rec),
+                );
+                *undecodable_total += undecodable;
+            }
+            return None;
         }
-        runs.resize_with(rings.len(), Vec::new);
-        let mut cut_at: Option<u64> = None;
-        for (i, run) in runs.iter_mut().enumerate() {
-            let mut newest = None;
-            let (taken, undecodable) = crate::live::drain_at_most(
-                rings.ring(i),
-                probes,
-                classifier,
-                stacks,
-                share,
-                |mut rec| {
-                    observe(&rec);
-                    if !*keep {
-                        return;
-                    }
-                    if let Some(ts) = rec.ts_ns() {
-                        newest = Some(newest.map_or(ts, |n: u64| n.max(ts)));
-                    }
-                    if let Record::Work(w) = &mut rec {
-                        w.function = probes
-                            .ksyms
-                            .as_ref()
-                            .and_then(|k| k.resolve(w.function_addr.0))
-                            .map(|(s, _)| s.name.clone())
-                            .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
-                    }
-                    run.push(rec);
-                },
-            );
-            *undecodable_total += undecodable;
-            if taken == share {
-                let ts = newest.unwrap_or(0);
-                cut_at = Some(cut_at.map_or(ts, |c| c.min(ts)));
+        heads.resize_with(rings.len(), || None);
+        let mut exhausted = vec![false; rings.len()];
+        loop {
+            for (i, head) in heads.iter_mut().enumerate() {
+                if head.is_some() || exhausted[i] {
+                    continue;
+                }
+                let (taken, undecodable) = crate::live::drain_at_most(
+                    rings.ring(i),
+                    probes,
+                    classifier,
+                    stacks,
+                    1,
+                    |mut rec| {
+                        observe(&rec);
+                        if let Record::Work(w) = &mut rec {
+                            w.function = probes
+                                .ksyms
+                                .as_ref()
+                                .and_then(|k| k.resolve(w.function_addr.0))
+                                .map(|(s, _)| s.name.clone())
+                                .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
+                        }
+                        *head = Some(rec);
+                    },
+                );
+                *undecodable_total += undecodable;
+                // An undecodable record was taken without filling the head: try again.
+                exhausted[i] = taken == 0;
+            }
+            let oldest = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| h.as_ref().map(|r| (r.ts_ns().unwrap_or(0), i)))
+                .min();
+            // Every ring empty: all of it is merged.
+            let (ts, i) = oldest?;
+            if reorder.held() >= MAX_HELD {
+                return Some(ts);
+            }
+            if let Some(rec) = heads[i].take() {
+                reorder.push(rec);
             }
         }
-        reorder.push_runs(runs);
-        cut_at
     }
 
     /// Adds a record that did not come from the ring buffer (a meminfo or allocinfo sample).
@@ -305,15 +314,15 @@ impl Pipeline {
     /// Stops holding records (the writer failed): from now on they are only observed.
     pub fn stop_keeping(&mut self) {
         self.keep = false;
+        self.heads.clear();
         self.reorder = Reorder::default();
     }
 }
 
 /// Drains the rings and has `write` take every event below `watermark` from the pipeline's
-/// reorder buffer, in as many rounds as the [`MAX_HELD`] bound needs. While a ring still holds
-/// more, a round only releases events older than the newest one drained from it (less the
-/// reorder window), so the events still in it (later in reservation order) cannot be written
-/// out of order by a round boundary. `observe` sees every record drained, as in
+/// reorder buffer, in as many rounds as the [`MAX_HELD`] bound needs. While the rings still
+/// hold more, a round releases only events older than the oldest one left in them, so a round
+/// boundary cannot write anything out of order. `observe` sees every record drained, as in
 /// [`Pipeline::drain`].
 pub fn pump<E>(
     pipeline: &mut Pipeline,
@@ -325,22 +334,16 @@ pub fn pump<E>(
 ) -> Result<(), E> {
     loop {
         let cut = pipeline.drain(rings, probes, &mut observe);
-        let held = pipeline.reorder.held();
         let Some(cut) = cut else {
             write(pipeline, watermark)?;
             break;
         };
-        write(
-            pipeline,
-            watermark.min(cut.saturating_sub(REORDER_WINDOW_NS)),
-        )?;
+        let held = pipeline.reorder.held();
+        write(pipeline, watermark.min(cut))?;
         if pipeline.reorder.held() == held {
-            // Everything held lies within one window of the newest (over a million events a
-            // second): release by the caller's watermark alone rather than stop.
-            write(pipeline, watermark)?;
-            if pipeline.reorder.held() == held {
-                break;
-            }
+            // Everything held is newer than the watermark (over a million events a second):
+            // the rest waits in the rings for the next round.
+            break;
         }
     }
     if pipeline.reorder.shrink() {
