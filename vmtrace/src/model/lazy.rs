@@ -85,11 +85,36 @@ impl LazyLists {
         let Some(tree) = self.trees.get_mut(node as usize) else {
             return BTreeMap::new();
         };
+        if tree.values().all(|a| a.seq < cutoff) {
+            return std::mem::take(tree);
+        }
         let (taken, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(tree)
             .into_iter()
             .partition(|(_, a)| a.seq < cutoff);
         *tree = kept;
         taken
+    }
+
+    /// Pages of the areas of `node` whose free order is below `cutoff`: what
+    /// [`LazyLists::detach_before`] would take.
+    pub fn pages_before(&self, node: u32, cutoff: u64, page_size: u64) -> u64 {
+        self.trees.get(node as usize).map_or(0, |t| {
+            t.values()
+                .filter(|a| a.seq < cutoff)
+                .map(|a| a.size / page_size.max(1))
+                .sum()
+        })
+    }
+
+    /// `(free order, pages)` of the areas of `node` whose free order is below `cutoff`, in
+    /// address order.
+    pub fn seqs_before(&self, node: u32, cutoff: u64, page_size: u64) -> Vec<(u64, u64)> {
+        self.trees.get(node as usize).map_or_else(Vec::new, |t| {
+            t.values()
+                .filter(|a| a.seq < cutoff)
+                .map(|a| (a.seq, a.size / page_size.max(1)))
+                .collect()
+        })
     }
 
     /// `purge_vmap_node` step 3: the purged pages leave the counter.
@@ -118,6 +143,18 @@ impl LazyLists {
             t.range(..end)
                 .next_back()
                 .is_some_and(|(&s, a)| s.saturating_add(a.size) > start)
+        })
+    }
+
+    /// Whether an area of `node` freed before `cutoff` (see [`LazyArea::seq`]) overlaps
+    /// `[start, end)`. Areas on one tree are disjoint and sorted: only those starting below
+    /// `end` and ending above `start`, a run from the last one starting below `end`.
+    pub fn overlaps_before(&self, node: u32, cutoff: u64, start: u64, end: u64) -> bool {
+        self.trees.get(node as usize).is_some_and(|t| {
+            t.range(..end)
+                .rev()
+                .take_while(|(&s, a)| s.saturating_add(a.size) > start)
+                .any(|(_, a)| a.seq < cutoff)
         })
     }
 

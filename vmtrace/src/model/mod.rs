@@ -213,6 +213,41 @@ pub struct Purged {
     pub batch: Vec<PurgedArea>,
 }
 
+/// A purge between [`Model::purge_start`] and [`Model::purge_finish`]: pools decayed, every
+/// node's batch fixed, some nodes' batches not purged yet.
+#[derive(Clone, Debug)]
+pub struct PurgeInProgress {
+    full: bool,
+    /// Lazy areas with a free order below this are in a batch (see [`LazyArea::seq`]).
+    cutoff: u64,
+    /// Nodes whose batch is not purged yet, ascending.
+    remaining: Vec<u32>,
+    /// Pages of each node's batch, as detached.
+    batch_pages: Vec<u64>,
+    /// Every area lazy at the start has a free order below this.
+    start_cutoff: u64,
+    /// The objects the whole purge takes (`npurged`), when known.
+    limit: Option<usize>,
+    out: Purged,
+}
+
+impl PurgeInProgress {
+    /// Nodes not purged yet, ascending.
+    pub fn remaining(&self) -> &[u32] {
+        &self.remaining
+    }
+
+    /// Whether every node's batch has been purged.
+    pub fn is_done(&self) -> bool {
+        self.remaining.is_empty()
+    }
+
+    /// What the purge did so far (`to_free_tree` without the decayed areas until it finishes).
+    pub fn so_far(&self) -> &Purged {
+        &self.out
+    }
+}
+
 /// One area a purge took off a lazy tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PurgedArea {
@@ -666,6 +701,41 @@ impl Model {
     }
 
     fn purge_before(&mut self, full: bool, cutoff: u64) -> Purged {
+        let mut p = self.purge_start_at(full, cutoff);
+        for node in 0..self.lazy.nodes() {
+            self.purge_node(&mut p, node);
+        }
+        self.purge_finish(p)
+    }
+
+    /// The first half of `__purge_vmap_area_lazy`, as [`Model::purge_oldest`] (`limit`
+    /// `None`: every lazy area) would do it: decay every node's pools, fix each node's detached
+    /// batch, count the helpers. No area leaves a lazy tree yet: each node's batch is purged by
+    /// [`Model::purge_node`], as the kernel's per-node `purge_vmap_node` does (on the caller or
+    /// a helper), each subtracting its own pages from `vmap_lazy_nr` when it finishes; areas
+    /// freed after this call are not in any batch (the kernel's detach took the lists here).
+    /// Replay uses the split to follow a purge node by node when the trace shows one node's
+    /// decrement before the other's. [`Model::purge_finish`] purges the rest and returns what
+    /// [`Model::purge_oldest`] would have.
+    pub fn purge_start(&mut self, full: bool, limit: Option<usize>) -> PurgeInProgress {
+        let cutoff = match limit {
+            Some(limit) => {
+                let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
+                if limit >= seqs.len() {
+                    self.free_seq + 1
+                } else {
+                    seqs.sort_unstable();
+                    seqs[limit]
+                }
+            }
+            None => self.free_seq + 1,
+        };
+        let mut p = self.purge_start_at(full, cutoff);
+        p.limit = limit;
+        p
+    }
+
+    fn purge_start_at(&mut self, full: bool, cutoff: u64) -> PurgeInProgress {
         let mut out = Purged::default();
         if full {
             self.unhide_all();
@@ -694,58 +764,154 @@ impl Model {
             }
             self.scratch = scratch;
         }
-        // Detach every lazy tree.
-        let mut detached = Vec::with_capacity(lazy_nodes as usize);
+        // The detach of every lazy tree: each node's batch is fixed here.
+        let mut batch_pages = vec![0; lazy_nodes as usize];
         for node in 0..lazy_nodes {
-            let tree = if cutoff == u64::MAX {
-                self.lazy.detach(node)
-            } else {
-                self.lazy.detach_before(node, cutoff)
-            };
             LockCounts::bump(&mut self.locks.lazy, node);
-            if let (Some((&first, _)), Some((&last, la))) =
-                (tree.first_key_value(), tree.last_key_value())
-            {
-                let end = last + la.size;
-                out.range = Some(match out.range {
-                    None => (first, end),
-                    Some((s, e)) => (s.min(first), e.max(end)),
-                });
-                detached.push((node, tree));
-            }
+            batch_pages[node as usize] =
+                self.lazy.pages_before(node, cutoff, self.params.page_size);
         }
-        out.nodes_with_work = detached.len() as u32;
+        out.nodes_with_work = batch_pages.iter().filter(|&&p| p > 0).count() as u32;
         out.helpers = purge_helpers(
             self.lazy.pages(),
             self.params.lazy_max_pages,
             out.nodes_with_work,
         );
-        for (node, tree) in detached {
-            let mut node_pages = 0;
-            let mut pooled_here = 0;
-            let mut returned = 0;
-            for (addr, area) in tree {
-                node_pages += self.pages(area.size);
-                out.npurged += 1;
-                out.batch.push(PurgedArea { addr, node, area });
-                if self.try_pool(node, addr, area, full) {
-                    pooled_here += 1;
-                } else {
-                    let _ = self.free.release(addr, area.size);
-                    returned += 1;
-                }
+        PurgeInProgress {
+            full,
+            cutoff,
+            remaining: (0..lazy_nodes).collect(),
+            batch_pages,
+            start_cutoff: self.free_seq + 1,
+            limit: None,
+            out,
+        }
+    }
+
+    /// Pages of `node`'s batch in `p` not purged yet (0 once [`Model::purge_node`] ran for it).
+    pub fn purge_batch_pages(&self, p: &PurgeInProgress, node: u32) -> u64 {
+        if p.remaining.contains(&node) {
+            p.batch_pages.get(node as usize).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    /// Whether `node`'s batch in `p`, not purged yet, holds an area overlapping `[start, end)`.
+    pub fn purge_batch_overlaps(
+        &self,
+        p: &PurgeInProgress,
+        node: u32,
+        start: u64,
+        end: u64,
+    ) -> bool {
+        p.remaining.contains(&node) && self.lazy.overlaps_before(node, p.cutoff, start, end)
+    }
+
+    /// `purge_vmap_node` for one node of a purge in progress: its batch (the areas of its
+    /// lazy tree detached at [`Model::purge_start`]) goes to the pools in address order, or
+    /// back to the free tree, and its pages leave `vmap_lazy_nr`. A no-op for a node already
+    /// purged.
+    pub fn purge_node(&mut self, p: &mut PurgeInProgress, node: u32) {
+        let cutoff = p.cutoff;
+        self.purge_node_before(p, node, cutoff);
+    }
+
+    /// [`Model::purge_node`] with another batch for `node`: its oldest lazy areas (of those
+    /// lazy at [`Model::purge_start`]) adding up to exactly `pages`, the batch of a node whose
+    /// detach came earlier or later than the purge's common estimate. The nodes not purged yet
+    /// then share what is left of the purge's object count, oldest first. False, and nothing
+    /// done, when no run of `node`'s oldest areas adds up to `pages`.
+    pub fn purge_node_pages(&mut self, p: &mut PurgeInProgress, node: u32, pages: u64) -> bool {
+        if !p.remaining.contains(&node) {
+            return false;
+        }
+        let page = self.params.page_size;
+        let mut areas = self.lazy.seqs_before(node, p.start_cutoff, page);
+        areas.sort_unstable();
+        let mut sum = 0;
+        let mut cutoff = None;
+        for (i, &(_, pg)) in areas.iter().enumerate() {
+            sum += pg;
+            if sum == pages {
+                cutoff = Some(areas.get(i + 1).map_or(p.start_cutoff, |&(seq, _)| seq));
+                break;
             }
-            self.lazy.subtract(node_pages);
-            out.pages += node_pages;
-            out.pooled += pooled_here;
-            out.to_free_tree += returned;
-            if pooled_here > 0 {
-                out.nodes_pooled += 1;
-            }
-            if returned > 0 {
-                self.locks.free_vmap_area_lock += 1;
+            if sum > pages {
+                break;
             }
         }
+        let Some(cutoff) = cutoff else {
+            return false;
+        };
+        self.purge_node_before(p, node, cutoff);
+        if let Some(limit) = p.limit {
+            let left = limit.saturating_sub(p.out.npurged as usize);
+            let mut seqs: Vec<u64> = p
+                .remaining
+                .iter()
+                .flat_map(|&n| self.lazy.seqs_before(n, p.start_cutoff, page))
+                .map(|(seq, _)| seq)
+                .collect();
+            seqs.sort_unstable();
+            p.cutoff = seqs.get(left).copied().unwrap_or(p.start_cutoff);
+            for &n in &p.remaining {
+                p.batch_pages[n as usize] = self.lazy.pages_before(n, p.cutoff, page);
+            }
+        }
+        true
+    }
+
+    fn purge_node_before(&mut self, p: &mut PurgeInProgress, node: u32, cutoff: u64) {
+        let Some(i) = p.remaining.iter().position(|&n| n == node) else {
+            return;
+        };
+        p.remaining.remove(i);
+        let tree = self.lazy.detach_before(node, cutoff);
+        let (Some((&first, _)), Some((&last, la))) =
+            (tree.first_key_value(), tree.last_key_value())
+        else {
+            return;
+        };
+        let end = last + la.size;
+        let out = &mut p.out;
+        out.range = Some(match out.range {
+            None => (first, end),
+            Some((s, e)) => (s.min(first), e.max(end)),
+        });
+        let mut node_pages = 0;
+        let mut pooled_here = 0;
+        let mut returned = 0;
+        for (addr, area) in tree {
+            node_pages += area.size / self.params.page_size;
+            p.out.npurged += 1;
+            p.out.batch.push(PurgedArea { addr, node, area });
+            if self.try_pool(node, addr, area, p.full) {
+                pooled_here += 1;
+            } else {
+                let _ = self.free.release(addr, area.size);
+                returned += 1;
+            }
+        }
+        self.lazy.subtract(node_pages);
+        let out = &mut p.out;
+        out.pages += node_pages;
+        out.pooled += pooled_here;
+        out.to_free_tree += returned;
+        if pooled_here > 0 {
+            out.nodes_pooled += 1;
+        }
+        if returned > 0 {
+            self.locks.free_vmap_area_lock += 1;
+        }
+    }
+
+    /// Purges every node of `p` not purged yet and returns the whole purge's result.
+    pub fn purge_finish(&mut self, mut p: PurgeInProgress) -> Purged {
+        while let Some(&node) = p.remaining.first() {
+            self.purge_node(&mut p, node);
+        }
+        let mut out = p.out;
         out.to_free_tree += out.decayed;
         out
     }

@@ -292,3 +292,113 @@ fn purge_oldest_and_unpurge() {
     assert_eq!(m.pools().len(0, PAGE), 1);
     m.check_invariants().unwrap();
 }
+
+/// A purge split node by node ends where the whole purge ends, and each node's step subtracts
+/// only that node's batch; frees after the start stay out of every batch.
+#[test]
+fn purge_node_by_node_equals_the_whole_purge() {
+    let p = params(Variant::Nodes);
+    let build = || {
+        let mut m = Model::new(p.clone()).unwrap();
+        let mut addrs = Vec::new();
+        for i in 0..12u32 {
+            let req = AllocRequest {
+                size: (1 + u64::from(i % 3)) * PAGE,
+                cpu: i % 2,
+                ..one_page_req(0, &p)
+            };
+            addrs.push(m.alloc(&req).unwrap().unwrap().addr);
+        }
+        for &a in addrs.iter().take(10) {
+            m.free(a).unwrap();
+        }
+        (m, addrs)
+    };
+    let (mut whole, _) = build();
+    let expected = whole.purge_oldest(false, 7);
+
+    let (mut m, addrs) = build();
+    let mut run = m.purge_start(false, Some(7));
+    assert_eq!(run.remaining(), &[0, 1]);
+    let b0 = m.purge_batch_pages(&run, 0);
+    let b1 = m.purge_batch_pages(&run, 1);
+    assert!(b0 > 0 && b1 > 0, "both nodes have work: {b0} {b1}");
+    let before = m.lazy_pages();
+    m.purge_node(&mut run, 1);
+    assert_eq!(
+        m.lazy_pages(),
+        before - b1,
+        "only node 1's batch left the counter"
+    );
+    assert_eq!(m.purge_batch_pages(&run, 1), 0);
+    m.check_invariants().unwrap();
+    // A free between the two nodes' ends is in no batch.
+    m.free(addrs[10]).unwrap();
+    let got = m.purge_finish(run);
+    assert!(m.lazy().find(addrs[10]).is_some());
+    m.check_invariants().unwrap();
+    assert_eq!(
+        (got.npurged, got.pages, got.pooled, got.decayed, got.helpers),
+        (
+            expected.npurged,
+            expected.pages,
+            expected.pooled,
+            expected.decayed,
+            expected.helpers
+        )
+    );
+    assert_eq!(got.range, expected.range);
+    // Both orders pool in address order: the same pool heads.
+    for node in 0..2 {
+        for pages in 1..=3 {
+            assert_eq!(
+                m.pools().head(node, pages * PAGE),
+                whole.pools().head(node, pages * PAGE)
+            );
+        }
+    }
+}
+
+/// `purge_node_pages` takes a node's oldest areas adding up to exactly the pages asked for,
+/// and the other nodes then share what is left of `npurged`.
+#[test]
+fn purge_node_pages_takes_a_node_prefix_by_age() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    // Node 0 (16-page zones from BASE): three 1-page areas; node 1: two 1-page areas.
+    let mut n0 = Vec::new();
+    let mut n1 = Vec::new();
+    for _ in 0..3 {
+        n0.push(m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr);
+    }
+    for i in 0..2 {
+        let a = BASE + 16 * PAGE + i * 2 * PAGE;
+        m.claim(&one_page_req(1, &p), a).unwrap();
+        n1.push(a);
+    }
+    m.free(n0[0]).unwrap();
+    m.free(n1[0]).unwrap();
+    m.free(n0[1]).unwrap();
+    m.free(n1[1]).unwrap();
+    m.free(n0[2]).unwrap();
+    // The kernel purged 4 areas: the common estimate takes the 4 oldest (n0[0], n1[0], n0[1],
+    // n1[1]); node 0 turned out to have detached after its third free, so it took 3 pages.
+    let mut run = m.purge_start(false, Some(4));
+    assert_eq!(m.purge_batch_pages(&run, 0), 2);
+    assert!(
+        !m.purge_node_pages(&mut run, 0, 4),
+        "no prefix adds up to 4"
+    );
+    assert!(m.purge_node_pages(&mut run, 0, 3));
+    assert_eq!(m.lazy_pages(), 2);
+    assert_eq!(
+        m.purge_batch_pages(&run, 1),
+        1,
+        "node 1 gets the one object left: its oldest"
+    );
+    let got = m.purge_finish(run);
+    assert_eq!(got.npurged, 4);
+    assert!(m.lazy().find(n1[1]).is_some());
+    assert_eq!(m.lazy_pages(), 1);
+    m.check_invariants().unwrap();
+}

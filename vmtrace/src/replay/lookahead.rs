@@ -67,6 +67,8 @@ pub struct Lookahead<R: BufRead> {
     /// not walk the whole buffer (replay asks on every free while a drain is pending).
     drains: VecDeque<(u64, DrainItem)>,
     purges: VecDeque<(u64, u32, u64, u32)>,
+    /// Frees among `buf` as `(index, va_start, nr_lazy)`, for [`DrainLookup::frees_ahead`].
+    frees: VecDeque<(u64, u64, u64)>,
     /// Stream index of the next record read, and of the next handed out.
     read: u64,
     handed: u64,
@@ -89,6 +91,7 @@ impl<R: BufRead> Lookahead<R> {
             buf: VecDeque::new(),
             drains: VecDeque::new(),
             purges: VecDeque::new(),
+            frees: VecDeque::new(),
             read: 0,
             handed: 0,
             window_ns,
@@ -134,6 +137,8 @@ impl<R: BufRead> Lookahead<R> {
                         } else if let Record::Purge(p) = rec {
                             self.purges
                                 .push_back((self.read, p.ctx.pid, p.ctx.ts_ns, p.npurged));
+                        } else if let Record::Free(f) = rec {
+                            self.frees.push_back((self.read, f.va_start.0, f.nr_lazy));
                         }
                     }
                     self.read += 1;
@@ -159,6 +164,9 @@ impl<R: BufRead> Lookahead<R> {
         while self.purges.front().is_some_and(|&(i, _, _, _)| i <= at) {
             self.purges.pop_front();
         }
+        while self.frees.front().is_some_and(|&(i, _, _)| i <= at) {
+            self.frees.pop_front();
+        }
         self.fill();
         Some(r)
     }
@@ -181,6 +189,17 @@ impl<R: BufRead> Lookahead<R> {
     pub fn next_npurged(&self) -> Option<u32> {
         self.purges.front().map(|&(_, _, _, n)| n)
     }
+
+    /// Up to `max` frees read ahead before the next purge event, as `(va_start, nr_lazy)`.
+    pub fn frees_ahead(&self, max: usize) -> Vec<(u64, u64)> {
+        let stop = self.purges.front().map_or(u64::MAX, |&(i, _, _, _)| i);
+        self.frees
+            .iter()
+            .take_while(|&&(i, _, _)| i < stop)
+            .take(max)
+            .map(|&(_, va, nr)| (va, nr))
+            .collect()
+    }
 }
 
 /// What replay asks of the records read ahead; a trait so that the replayer does not carry the
@@ -192,6 +211,10 @@ pub trait DrainLookup {
     fn next_purge(&self) -> Option<(u32, u64)>;
     /// `npurged` of the next purge event read ahead: how many lazy areas its detach took.
     fn next_npurged(&self) -> Option<u32>;
+    /// Up to `max` frees read ahead before the next purge event, as `(va_start, nr_lazy)`.
+    fn frees_ahead(&self, _max: usize) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
 }
 
 impl<R: BufRead> DrainLookup for Lookahead<R> {
@@ -203,6 +226,9 @@ impl<R: BufRead> DrainLookup for Lookahead<R> {
     }
     fn next_npurged(&self) -> Option<u32> {
         Lookahead::next_npurged(self)
+    }
+    fn frees_ahead(&self, max: usize) -> Vec<(u64, u64)> {
+        Lookahead::frees_ahead(self, max)
     }
 }
 

@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use crate::model::{
     AllocRequest, Allocated, Model, ModelError, NodeLayout, PageTableSlots, Params, Placement,
-    SlotCounts, Variant,
+    PurgeInProgress, SlotCounts, Variant,
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 use lookahead::{DrainLookup, Lookahead};
@@ -215,6 +215,12 @@ pub struct Report {
     pub locks: crate::model::LockCounts,
     /// Purges applied before their event because the trace showed their effect first.
     pub early_purges: u64,
+    /// Early purges applied node by node at different points: a free saw one node's
+    /// decrement of `vmap_lazy_nr` but not yet the other's.
+    pub early_split_purges: u64,
+    /// `nr_lazy` comparisons that agree only in the kernel's order of additions, not in the
+    /// trace's order of events (counted in `nr_lazy.agreed`).
+    pub nr_lazy_reordered: u64,
     /// Purges matched to the drain work item that ran them, and what that told replay.
     pub drain_work: DrainWork,
     /// Full pool decays inferred from allocations inside pooled ranges (the vmap-node shrinker
@@ -259,6 +265,10 @@ pub struct DrainWork {
     /// for the next purge; the model purges them all (see docs/model.md, "detach race").
     pub frees_after_work_start: u64,
 }
+
+/// Frees looked at on either side of a free whose backlog disagrees, to tell whether the
+/// kernel's order of additions explains it ([`Replayer::add_order_explains`]).
+pub const ADD_ORDER_SPAN: usize = 64;
 
 /// Most free times remembered since the last purge event, for
 /// [`DrainWork::frees_after_work_start`]: the bound on memory whatever the trace.
@@ -455,12 +465,23 @@ struct Replayer<'o> {
     pending_failure: Option<(u32, u64)>,
     /// A free pushed the backlog over the threshold and no purge event has come yet.
     drain_pending: bool,
-    /// The purge the pending drain will report was already applied, because the trace showed
-    /// its effect before its event (an allocation of a purged area, a backlog that dropped).
-    early: Option<crate::model::Purged>,
+    /// The purge the pending drain will report was already started, because the trace showed
+    /// its effect before its event (an allocation of a purged area, a backlog that dropped):
+    /// every node's batch is fixed, and the nodes whose decrement the trace showed are purged
+    /// (all of them once [`PurgeInProgress::is_done`]); the rest wait for a later drop or the
+    /// event.
+    early: Option<PurgeInProgress>,
     /// Lazy areas the model held when it purged early: its unaligned prediction of `npurged`.
     early_lazy_before: Option<usize>,
     early_purges: u64,
+    /// Early purges applied node by node at more than one point, and whether the current one
+    /// is.
+    early_split: u64,
+    early_is_split: bool,
+    /// The last frees since the model's last purge step, as `(observed nr_lazy, pages)`, at
+    /// most [`ADD_ORDER_SPAN`]: see [`Replayer::add_order_explains`].
+    recent_frees: VecDeque<(u64, u64)>,
+    nr_lazy_reordered: u64,
     /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
     free_log: VecDeque<u64>,
     /// Time of the last purge event: a later purge cannot have detached before it (the
@@ -522,6 +543,10 @@ impl<'o> Replayer<'o> {
             early: None,
             early_lazy_before: None,
             early_purges: 0,
+            early_split: 0,
+            early_is_split: false,
+            recent_frees: VecDeque::new(),
+            nr_lazy_reordered: 0,
             free_log: VecDeque::new(),
             last_purge_ts: 0,
             drain_work: DrainWork::default(),
@@ -773,8 +798,8 @@ impl<'o> Replayer<'o> {
         if let Some(n) = self.obs_per_node.get_mut(node) {
             *n += 1;
         }
-        if self.drain_pending && self.early.is_none() && self.lazy_overlaps(addr, size) {
-            self.purge_early(ahead);
+        if self.drain_pending && self.early_open() && self.lazy_overlaps(addr, size) {
+            self.purge_early_reused(addr, size, ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
         self.obs_slots.map(addr, mapped_end(addr));
@@ -876,13 +901,14 @@ impl<'o> Replayer<'o> {
             );
         }
         self.tally.free += 1;
-        if self.drain_pending && self.early.is_none() {
+        if self.drain_pending && self.early_open() {
             // The backlog the kernel reports is below what it would be without a purge: the
-            // purge already subtracted its pages.
+            // purge already subtracted its pages, node by node.
             let own =
                 self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
-            if f.nr_lazy < self.model.lazy_pages() + own {
-                self.purge_early(ahead);
+            let expected = self.model.lazy_pages() + own;
+            if f.nr_lazy < expected && !self.add_order_explains(f.nr_lazy, expected, ahead) {
+                self.purge_early_dropped(expected - f.nr_lazy, ahead);
             }
         }
         let got = match self.model.free(addr) {
@@ -899,7 +925,16 @@ impl<'o> Replayer<'o> {
         if got.drain {
             self.drain_pending = true;
         }
-        let ok = got.nr_lazy == f.nr_lazy;
+        let exact = got.nr_lazy == f.nr_lazy;
+        let ok = exact || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead);
+        if ok && !exact {
+            self.nr_lazy_reordered += 1;
+        }
+        if self.recent_frees.len() >= ADD_ORDER_SPAN {
+            self.recent_frees.pop_front();
+        }
+        self.recent_frees
+            .push_back((f.nr_lazy, got.size / self.model.params().page_size));
         self.nr_lazy.add(ok);
         if self.warmed_up {
             self.nr_lazy_warm.add(ok);
@@ -956,7 +991,9 @@ impl<'o> Replayer<'o> {
             None => self.drain_work.purges_without_work += 1,
         }
         let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before);
-        let got = match self.early.take() {
+        let early = self.early.take().map(|e| self.model.purge_finish(e));
+        self.recent_frees.clear();
+        let got = match early {
             Some(early) if !full => early,
             _ => self.model.purge_oldest(full, p.npurged as usize),
         };
@@ -1065,25 +1102,153 @@ impl<'o> Replayer<'o> {
         self.model.lazy().overlaps(addr, end)
     }
 
-    /// The trace showed a pending purge's effect before its event: purge now, unless the drain
-    /// item that runs the coming purge event is known (read ahead) and has not started yet.
-    /// Then the kernel has not purged: the lower backlog or the reused lazy range has another
-    /// cause (a diverged state), and purging now would move a whole batch of frees to the wrong
-    /// purge, which every later `nr_lazy` and `npurged` comparison would inherit.
-    fn purge_early(&mut self, ahead: &dyn DrainLookup) {
+    /// Whether the kernel's order of `vmap_lazy_nr` additions explains a free's `observed`
+    /// backlog against the model's `predicted` one. The trace orders frees by their events,
+    /// but the backlog a free reports is the return of its `atomic_long_add_return`, which can
+    /// come well before its event (a task preempted in between, a lazy-lock wait): the other
+    /// CPU's frees meanwhile report a backlog that already includes it, and it reports one
+    /// without theirs. Between two purge decrements the counter only grows, so the reported
+    /// values themselves give the add order: a free reporting less was added earlier. The
+    /// prediction agrees in add order when `observed - predicted` is exactly the pages of the
+    /// frees read ahead (up to [`ADD_ORDER_SPAN`], before the next purge event) that report
+    /// less, or `predicted - observed` those of the frees since the model's last purge step
+    /// that reported more. Counted as agreement (`nr_lazy_reordered` says how often).
+    fn add_order_explains(&self, observed: u64, predicted: u64, ahead: &dyn DrainLookup) -> bool {
+        let page = self.model.params().page_size;
+        match observed.cmp(&predicted) {
+            std::cmp::Ordering::Equal => true,
+            std::cmp::Ordering::Greater => {
+                let earlier: u64 = ahead
+                    .frees_ahead(ADD_ORDER_SPAN)
+                    .into_iter()
+                    .filter(|&(_, nr)| nr < observed)
+                    .map(|(va, _)| self.model.busy().get(&va).map_or(0, |b| b.size / page))
+                    .sum();
+                earlier == observed - predicted
+            }
+            std::cmp::Ordering::Less => {
+                let later: u64 = self
+                    .recent_frees
+                    .iter()
+                    .filter(|&&(nr, _)| nr > observed)
+                    .map(|&(_, pages)| pages)
+                    .sum();
+                later == predicted - observed
+            }
+        }
+    }
+
+    /// Whether the pending purge may still be (further) applied early: not started, or some
+    /// nodes' batches not purged yet.
+    fn early_open(&self) -> bool {
+        self.early.as_ref().is_none_or(|e| !e.is_done())
+    }
+
+    /// The trace showed a pending purge's effect before its event: start it now (decay, fix
+    /// every node's batch), unless the drain item that runs the coming purge event is known
+    /// (read ahead) and has not started yet. Then the kernel has not purged: the lower backlog
+    /// or the reused lazy range has another cause (a diverged state), and purging now would
+    /// move a whole batch of frees to the wrong purge, which every later `nr_lazy` and
+    /// `npurged` comparison would inherit. False when refused.
+    fn start_early(&mut self, ahead: &dyn DrainLookup) -> bool {
+        if self.early.is_some() {
+            return true;
+        }
         let item = ahead
             .next_purge()
             .and_then(|(pid, ts)| ahead.drain_holding(pid, ts));
         if item.is_some_and(|d| self.last_ts < d.start_ns) {
             self.drain_work.early_refused += 1;
-            return;
+            return false;
         }
         self.early_lazy_before = Some(self.model.lazy().objects());
-        self.early = Some(match ahead.next_npurged() {
-            Some(n) => self.model.purge_oldest(false, n as usize),
-            None => self.model.purge(false),
-        });
+        self.early_is_split = false;
+        let limit = ahead.next_npurged().map(|n| n as usize);
+        self.early = Some(self.model.purge_start(false, limit));
         self.early_purges += 1;
+        true
+    }
+
+    /// Purges `nodes` of the early purge (every remaining one when `None`), and the nodes
+    /// whose batch is empty (the kernel runs no `purge_vmap_node` for them).
+    fn purge_early_nodes(&mut self, nodes: Option<Vec<u32>>) {
+        let Some(mut e) = self.early.take() else {
+            return;
+        };
+        let empty: Vec<u32> = e
+            .remaining()
+            .iter()
+            .copied()
+            .filter(|&n| self.model.purge_batch_pages(&e, n) == 0)
+            .collect();
+        let part = nodes.unwrap_or_else(|| e.remaining().to_vec());
+        for n in part.into_iter().chain(empty) {
+            self.model.purge_node(&mut e, n);
+        }
+        self.recent_frees.clear();
+        if !e.is_done() && !self.early_is_split {
+            // Not the whole purge at one point: one node finished before the other.
+            self.early_is_split = true;
+            self.early_split += 1;
+        }
+        self.early = Some(e);
+    }
+
+    /// A free reported `dropped` pages less backlog than the model holds: the kernel's purge
+    /// has finished `purge_vmap_node` on some nodes, each subtracting its own batch. Purge the
+    /// nodes whose batches add up to exactly `dropped` (the kernel subtracts per node, so a
+    /// free between two nodes' ends sees only the first node's decrement); when no set of nodes
+    /// does, the whole purge, as before.
+    fn purge_early_dropped(&mut self, dropped: u64, ahead: &dyn DrainLookup) {
+        if !self.start_early(ahead) {
+            return;
+        }
+        let Some(e) = &self.early else { return };
+        let nodes: Vec<(u32, u64)> = e
+            .remaining()
+            .iter()
+            .map(|&n| (n, self.model.purge_batch_pages(e, n)))
+            .filter(|&(_, p)| p > 0)
+            .collect();
+        let mut part = nodes_summing_to(&nodes, dropped);
+        if part.is_none() {
+            // No set of the common estimate's batches: one node's detach came earlier or later
+            // than the estimate. A node whose oldest areas add up to the drop finished alone.
+            let Some(mut e) = self.early.take() else {
+                return;
+            };
+            let one = nodes
+                .iter()
+                .find(|&&(n, _)| self.model.purge_node_pages(&mut e, n, dropped));
+            if one.is_some() {
+                self.recent_frees.clear();
+                if !e.is_done() && !self.early_is_split {
+                    self.early_is_split = true;
+                    self.early_split += 1;
+                }
+                part = Some(Vec::new());
+            }
+            self.early = Some(e);
+        }
+        self.purge_early_nodes(part);
+    }
+
+    /// The kernel allocated inside `[addr, addr+size)`, which the model still holds lazy: the
+    /// node whose batch holds it has been purged. Purge those nodes; when the range is in no
+    /// remaining node's batch, the whole purge, as before.
+    fn purge_early_reused(&mut self, addr: u64, size: u64, ahead: &dyn DrainLookup) {
+        if !self.start_early(ahead) {
+            return;
+        }
+        let Some(e) = &self.early else { return };
+        let end = addr.saturating_add(size);
+        let hit: Vec<u32> = e
+            .remaining()
+            .iter()
+            .copied()
+            .filter(|&n| self.model.purge_batch_overlaps(e, n, addr, end))
+            .collect();
+        self.purge_early_nodes((!hit.is_empty()).then_some(hit));
     }
 
     fn finish(self) -> Report {
@@ -1125,6 +1290,8 @@ impl<'o> Replayer<'o> {
             model: self.model.stats().clone(),
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
+            early_split_purges: self.early_split,
+            nr_lazy_reordered: self.nr_lazy_reordered,
             drain_work: self.drain_work,
             shrinks_inferred: self.shrinks_inferred,
             hidden_ranges: self.hidden,
@@ -1171,6 +1338,30 @@ impl std::fmt::Display for AllocContext {
         }
         write!(f, "; lazy {} pages; busy {}", self.lazy_pages, self.busy)
     }
+}
+
+/// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
+/// such set (the lowest node ids among equals), or `None` when none does or there are too many
+/// nodes to try every set.
+fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
+    if nodes.len() > 16 {
+        return None;
+    }
+    (1u32..1 << nodes.len())
+        .filter(|mask| {
+            let sum: u64 = (0..nodes.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| nodes[i].1)
+                .sum();
+            sum == pages
+        })
+        .min_by_key(|mask| (mask.count_ones(), *mask))
+        .map(|mask| {
+            (0..nodes.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| nodes[i].0)
+                .collect()
+        })
 }
 
 fn total_tables(c: &SlotCounts) -> u64 {
