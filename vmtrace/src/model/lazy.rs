@@ -117,6 +117,14 @@ impl LazyLists {
         })
     }
 
+    /// Takes one area off `node`'s tree and its pages off the counter (replay: the kernel's
+    /// purge took it, see `Model::swap_purged`).
+    pub fn remove(&mut self, node: u32, start: u64, page_size: u64) -> Option<LazyArea> {
+        let area = self.trees.get_mut(node as usize)?.remove(&start)?;
+        self.pages = self.pages.saturating_sub(area.size / page_size.max(1));
+        Some(area)
+    }
+
     /// `purge_vmap_node` step 3: the purged pages leave the counter.
     pub fn subtract(&mut self, pages: u64) {
         self.pages = self.pages.saturating_sub(pages);

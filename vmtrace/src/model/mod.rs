@@ -700,6 +700,36 @@ impl Model {
         taken
     }
 
+    /// The kernel's purge took the lazy area at `addr` where the model's took `instead`, an
+    /// area of the same size: the detach race picked a different set than free order says (the
+    /// kernel detaches the nodes' lazy lists one after another, so a node detached later has
+    /// newer frees in its batch and the other node fewer). Swaps them: `instead` comes back to
+    /// its lazy tree from the pool or free tree its purge put it in, and `addr` leaves its lazy
+    /// tree for the free tree, so the backlog and the purge's count are unchanged. False, with
+    /// nothing changed, when either is not where it should be.
+    pub fn swap_purged(&mut self, addr: u64, instead: &PurgedArea) -> bool {
+        let page = self.params.page_size;
+        let Some((node, area)) = self.lazy.find(addr) else {
+            return false;
+        };
+        if area.size != instead.area.size || addr == instead.addr {
+            return false;
+        }
+        if !self.unpurge(instead) {
+            return false;
+        }
+        let taken = self.lazy.remove(node, addr, page);
+        debug_assert!(taken.is_some(), "found above");
+        if self.free.release(addr, area.size).is_err() {
+            // Cannot happen for a lazy area (its range is neither free nor busy); undo.
+            self.lazy.insert(node, addr, area, page);
+            let _ = self.lazy.remove(instead.node, instead.addr, page);
+            let _ = self.free.release(instead.addr, instead.area.size);
+            return false;
+        }
+        true
+    }
+
     fn purge_before(&mut self, full: bool, cutoff: u64) -> Purged {
         let mut p = self.purge_start_at(full, cutoff);
         for node in 0..self.lazy.nodes() {

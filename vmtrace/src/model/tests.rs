@@ -293,6 +293,44 @@ fn purge_oldest_and_unpurge() {
     m.check_invariants().unwrap();
 }
 
+/// `swap_purged` trades a lazy area the kernel's purge took for one the model's purge took:
+/// the lazy set changes, the backlog and the counts do not, and the traded area can then be
+/// claimed where the kernel put it.
+#[test]
+fn swap_purged_trades_lazy_for_purged() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    m.free(addrs[0]).unwrap();
+    m.free(addrs[1]).unwrap();
+    m.free(addrs[2]).unwrap();
+    let got = m.purge_oldest(false, 2);
+    assert!(m.lazy().find(addrs[2]).is_some(), "the newest free waits");
+    let (pages, objects) = (m.lazy_pages(), m.lazy().objects());
+    let newest_purged = *got.batch.iter().max_by_key(|a| a.area.seq).unwrap();
+    assert_eq!(newest_purged.addr, addrs[1]);
+    assert!(
+        !m.swap_purged(addrs[0] + 7 * PAGE, &newest_purged),
+        "not a lazy area"
+    );
+    assert!(m.swap_purged(addrs[2], &newest_purged));
+    assert!(m.lazy().find(addrs[2]).is_none());
+    assert!(
+        m.lazy().find(addrs[1]).is_some(),
+        "the model's pick is lazy again"
+    );
+    assert_eq!((m.lazy_pages(), m.lazy().objects()), (pages, objects));
+    m.check_invariants().unwrap();
+    assert!(
+        !m.swap_purged(addrs[1], &newest_purged),
+        "the purged area is lazy now, not pooled or free"
+    );
+    m.claim(&one_page_req(0, &p), addrs[2]).unwrap();
+    m.check_invariants().unwrap();
+}
+
 /// A purge split node by node ends where the whole purge ends, and each node's step subtracts
 /// only that node's batch; frees after the start stay out of every batch.
 #[test]

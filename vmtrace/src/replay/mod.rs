@@ -221,6 +221,10 @@ pub struct Report {
     /// `nr_lazy` comparisons that agree only in the kernel's order of additions, not in the
     /// trace's order of events (counted in `nr_lazy.agreed`).
     pub nr_lazy_reordered: u64,
+    /// Allocations of an area the model still held lazy after its purges, which the kernel's
+    /// purge had taken instead of one the model's took: the two were swapped
+    /// ([`Replayer::swap_purged`]).
+    pub purge_swaps: u64,
     /// Purges matched to the drain work item that ran them, and what that told replay.
     pub drain_work: DrainWork,
     /// Full pool decays inferred from allocations inside pooled ranges (the vmap-node shrinker
@@ -482,6 +486,10 @@ struct Replayer<'o> {
     /// most [`ADD_ORDER_SPAN`]: see [`Replayer::add_order_explains`].
     recent_frees: VecDeque<(u64, u64)>,
     nr_lazy_reordered: u64,
+    /// The areas the model's last purge took (the early one in progress included), for
+    /// [`Replayer::swap_purged`].
+    last_batch: Vec<crate::model::PurgedArea>,
+    swapped: u64,
     /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
     free_log: VecDeque<u64>,
     /// Time of the last purge event: a later purge cannot have detached before it (the
@@ -547,6 +555,8 @@ impl<'o> Replayer<'o> {
             early_is_split: false,
             recent_frees: VecDeque::new(),
             nr_lazy_reordered: 0,
+            last_batch: Vec::new(),
+            swapped: 0,
             free_log: VecDeque::new(),
             last_purge_ts: 0,
             drain_work: DrainWork::default(),
@@ -836,6 +846,11 @@ impl<'o> Replayer<'o> {
             self.unhidden += 1;
             claimed = self.model.claim(&req, addr);
         }
+        if claimed.is_err() && self.swap_purged(addr, size) {
+            // The kernel's last purge took this lazy area and left another the model took.
+            self.swapped += 1;
+            claimed = self.model.claim(&req, addr);
+        }
         if claimed.is_err() && self.model.overlaps_pooled(addr, size) {
             // The kernel had this range free while the model holds it pooled, and no purge came
             // in between: the only path that empties pools without a trace event is the
@@ -997,6 +1012,7 @@ impl<'o> Replayer<'o> {
             Some(early) if !full => early,
             _ => self.model.purge_oldest(full, p.npurged as usize),
         };
+        self.last_batch.clone_from(&got.batch);
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
         self.free_log.clear();
         self.drain_pending = self.model.lazy_pages() > self.model.params().lazy_max_pages;
@@ -1086,6 +1102,36 @@ impl<'o> Replayer<'o> {
                 self.hidden += 1;
             }
         }
+    }
+
+    /// The kernel allocated exactly an area the model still holds lazy, with no purge of it
+    /// pending: the kernel's last purge took it, and left lazy one the model's purge took (the
+    /// detach race: the kernel detaches the nodes' lazy lists one after another, while the
+    /// model's batch follows free order). Swaps it for the newest area of the same size in the
+    /// model's last batch (the in-progress early purge's included) that is still pooled or
+    /// free, so the model's lazy set follows the kernel's from here on; without the swap the
+    /// area stayed outside the model, and its free went missing from every later backlog.
+    fn swap_purged(&mut self, addr: u64, size: u64) -> bool {
+        match self.model.lazy().find(addr) {
+            Some((_, a)) if a.size == size => {}
+            _ => return false,
+        }
+        let in_progress = self.early.as_ref().map(|e| e.so_far().batch.as_slice());
+        let mut candidates: Vec<crate::model::PurgedArea> = self
+            .last_batch
+            .iter()
+            .chain(in_progress.unwrap_or_default())
+            .filter(|p| p.area.size == size)
+            .copied()
+            .collect();
+        candidates.sort_by_key(|p| std::cmp::Reverse(p.area.seq));
+        for c in candidates {
+            if self.model.swap_purged(addr, &c) {
+                self.last_batch.retain(|p| p.addr != c.addr);
+                return true;
+            }
+        }
+        false
     }
 
     /// Whether `[addr, addr+size)` overlaps an area the model still holds as lazy.
@@ -1292,6 +1338,7 @@ impl<'o> Replayer<'o> {
             early_purges: self.early_purges,
             early_split_purges: self.early_split,
             nr_lazy_reordered: self.nr_lazy_reordered,
+            purge_swaps: self.swapped,
             drain_work: self.drain_work,
             shrinks_inferred: self.shrinks_inferred,
             hidden_ranges: self.hidden,
