@@ -69,9 +69,11 @@ fn replay_of_real_stress_meets_the_floors() {
     // nr_lazy 71.8–97.3 %, npurged 49.4–92.2 % before purges were aligned with the observed
     // npurged; 71.5 / 95.2 / 71.1 % after (30 Nov 2026). The counters vary most: frees that land
     // between a purge's detach and its event (docs/model.md) are more frequent when the stress
-    // runs faster, and a clean CI-like run on an idle machine gave the lowest figures.
+    // runs faster, and a clean CI-like run on an idle machine gave the lowest figures. With
+    // purge swaps and whole early purges on reuse (later on 30 Nov 2026), four runs gave
+    // 68.4–76.6 / 95.7–99.8 / 62.9–66.7 %, so the nr_lazy floor rose from 75 to 90 %.
     assert!(warm >= 55.0, "placement after warm-up {warm:.2} % < 55 %");
-    assert!(nr_lazy >= 75.0, "nr_lazy agreement {nr_lazy:.2} % < 75 %");
+    assert!(nr_lazy >= 90.0, "nr_lazy agreement {nr_lazy:.2} % < 90 %");
     assert!(npurged >= 40.0, "npurged agreement {npurged:.2} % < 40 %");
     // No warnings are expected from a healthy recording, except frees the model cannot place:
     // once, on a machine at load average 10 (parallel builds and another stress running), 774 of

@@ -154,18 +154,6 @@ impl LazyLists {
         })
     }
 
-    /// Whether an area of `node` freed before `cutoff` (see [`LazyArea::seq`]) overlaps
-    /// `[start, end)`. Areas on one tree are disjoint and sorted: only those starting below
-    /// `end` and ending above `start`, a run from the last one starting below `end`.
-    pub fn overlaps_before(&self, node: u32, cutoff: u64, start: u64, end: u64) -> bool {
-        self.trees.get(node as usize).is_some_and(|t| {
-            t.range(..end)
-                .rev()
-                .take_while(|(&s, a)| s.saturating_add(a.size) > start)
-                .any(|(_, a)| a.seq < cutoff)
-        })
-    }
-
     /// The lazy area starting at `addr`, if any.
     pub fn find(&self, addr: u64) -> Option<(u32, LazyArea)> {
         self.trees

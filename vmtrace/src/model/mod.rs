@@ -827,17 +827,6 @@ impl Model {
         }
     }
 
-    /// Whether `node`'s batch in `p`, not purged yet, holds an area overlapping `[start, end)`.
-    pub fn purge_batch_overlaps(
-        &self,
-        p: &PurgeInProgress,
-        node: u32,
-        start: u64,
-        end: u64,
-    ) -> bool {
-        p.remaining.contains(&node) && self.lazy.overlaps_before(node, p.cutoff, start, end)
-    }
-
     /// `purge_vmap_node` for one node of a purge in progress: its batch (the areas of its
     /// lazy tree detached at [`Model::purge_start`]) goes to the pools in address order, or
     /// back to the free tree, and its pages leave `vmap_lazy_nr`. A no-op for a node already

@@ -809,7 +809,7 @@ impl<'o> Replayer<'o> {
             *n += 1;
         }
         if self.drain_pending && self.early_open() && self.lazy_overlaps(addr, size) {
-            self.purge_early_reused(addr, size, ahead);
+            self.purge_early_reused(ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
         self.obs_slots.map(addr, mapped_end(addr));
@@ -1279,22 +1279,18 @@ impl<'o> Replayer<'o> {
         self.purge_early_nodes(part);
     }
 
-    /// The kernel allocated inside `[addr, addr+size)`, which the model still holds lazy: the
-    /// node whose batch holds it has been purged. Purge those nodes; when the range is in no
-    /// remaining node's batch, the whole purge, as before.
-    fn purge_early_reused(&mut self, addr: u64, size: u64, ahead: &dyn DrainLookup) {
-        if !self.start_early(ahead) {
-            return;
+    /// The kernel allocated inside a range the model still holds lazy: its purge has run far
+    /// enough to pool or free it. Every remaining node is purged now. Purging only the node
+    /// whose batch holds the range (the kernel's nodes do finish one by one) was measured
+    /// worse: on a fix-size trace recorded at full speed (the purge worker competing with the
+    /// stress for both CPUs) it left the other node's batch lazy for long stretches, 79.97 %
+    /// placement and 96.68 % `nr_lazy` against 83.65 % and 99.72 % this way. A split is made
+    /// only on the stronger evidence of a backlog drop that matches some nodes' batches
+    /// exactly ([`Replayer::purge_early_dropped`]).
+    fn purge_early_reused(&mut self, ahead: &dyn DrainLookup) {
+        if self.start_early(ahead) {
+            self.purge_early_nodes(None);
         }
-        let Some(e) = &self.early else { return };
-        let end = addr.saturating_add(size);
-        let hit: Vec<u32> = e
-            .remaining()
-            .iter()
-            .copied()
-            .filter(|&n| self.model.purge_batch_overlaps(e, n, addr, end))
-            .collect();
-        self.purge_early_nodes((!hit.is_empty()).then_some(hit));
     }
 
     fn finish(self) -> Report {
