@@ -22,7 +22,7 @@ use vmtrace_common::{
     MAX_ORDER_SLOTS, RAW_EXTRA_FRAMES,
 };
 
-use crate::maps::{bump, emit_values, field, global_ptr, stack_hits2, BACKING_ORDERS};
+use crate::maps::{bump, emit_values, field, global_ptr, layout_of, stack_hits2, BACKING_ORDERS};
 
 /// `pfn, order, gfp_flags`.
 #[unsafe(no_mangle)]
@@ -51,11 +51,7 @@ static PAGE_FILTER: Global<PageFilter> = Global::new(PageFilter {
 
 #[inline(always)]
 fn on_page_alloc<const RAW: bool>(ctx: TracePointContext) -> u32 {
-    let layout = if RAW {
-        global_ptr(&PAGE_ALLOC_RAW_LAYOUT)
-    } else {
-        global_ptr(&PAGE_ALLOC_LAYOUT)
-    };
+    let layout = layout_of::<RAW>(&PAGE_ALLOC_LAYOUT, &PAGE_ALLOC_RAW_LAYOUT);
     // Slots 1 and 2 on the raw tracepoint (`page, order, gfp_flags, migratetype`).
     let gfp = field::<RAW, 2>(&ctx, layout);
     let filter = PAGE_FILTER.load();

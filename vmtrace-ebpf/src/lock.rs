@@ -23,7 +23,7 @@ use vmtrace_common::{
     contention as c, counter, kind, RangeSet, TpLayout, MAX_FIELDS, RAW_EXTRA_FRAMES,
 };
 
-use crate::maps::{bump, emit_values, field, global_ptr, now_ns, stack_hits2, STACKS};
+use crate::maps::{bump, emit_values, field, global_ptr, layout_of, now_ns, stack_hits2, STACKS};
 
 /// `lock_addr, flags`.
 #[unsafe(no_mangle)]
@@ -250,11 +250,7 @@ fn end_wait<C: EbpfContext>(ctx: &C, lock: u64, ret: u64) -> Result<(), i32> {
 
 #[inline(always)]
 fn on_contention_begin<const RAW: bool>(ctx: TracePointContext) -> u32 {
-    let layout = if RAW {
-        global_ptr(&LOCK_BEGIN_RAW_LAYOUT)
-    } else {
-        global_ptr(&LOCK_BEGIN_LAYOUT)
-    };
+    let layout = layout_of::<RAW>(&LOCK_BEGIN_LAYOUT, &LOCK_BEGIN_RAW_LAYOUT);
     let lock = field::<RAW, 0>(&ctx, layout);
     let flags = field::<RAW, 1>(&ctx, layout);
     if lock != 0 {
@@ -269,11 +265,7 @@ fn on_contention_begin<const RAW: bool>(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn on_contention_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
-    let layout = if RAW {
-        global_ptr(&LOCK_END_RAW_LAYOUT)
-    } else {
-        global_ptr(&LOCK_END_LAYOUT)
-    };
+    let layout = layout_of::<RAW>(&LOCK_END_LAYOUT, &LOCK_END_RAW_LAYOUT);
     let lock = field::<RAW, 0>(&ctx, layout);
     let ret = field::<RAW, 1>(&ctx, layout);
     match end_wait(&ctx, lock, ret) {

@@ -52,38 +52,18 @@ static WAKEUP_BYTES: Global<u64> = Global::new(1 << 20);
 /// rather than picking a ring reference first: the verifier must see a constant map at every
 /// ring helper call, and LLVM may turn a match of references into a load from a table.
 macro_rules! on_ring {
-    ($ring:ident => $body:expr) => {{
+    ($ring:ident => $body:expr) => {
+        on_ring!(@arms $ring, $body; 1 EVENTS_1, 2 EVENTS_2, 3 EVENTS_3, 4 EVENTS_4, 5 EVENTS_5,
+                 6 EVENTS_6, 7 EVENTS_7)
+    };
+    (@arms $ring:ident, $body:expr; $($i:literal $map:ident),*) => {{
         let n = NR_RINGS.load();
         let i = if n > 1 { this_cpu() % u64::from(n) } else { 0 };
         match i {
-            1 => {
-                let $ring = &EVENTS_1;
+            $($i => {
+                let $ring = &$map;
                 $body
-            }
-            2 => {
-                let $ring = &EVENTS_2;
-                $body
-            }
-            3 => {
-                let $ring = &EVENTS_3;
-                $body
-            }
-            4 => {
-                let $ring = &EVENTS_4;
-                $body
-            }
-            5 => {
-                let $ring = &EVENTS_5;
-                $body
-            }
-            6 => {
-                let $ring = &EVENTS_6;
-                $body
-            }
-            7 => {
-                let $ring = &EVENTS_7;
-                $body
-            }
+            })*
             _ => {
                 let $ring = &EVENTS;
                 $body
@@ -144,6 +124,16 @@ pub fn bump(index: u32) {
 pub fn global_ptr<T>(g: &Global<T>) -> *const T {
     // `Global<T>` is `repr(transparent)` over `MaybeUninit<T>`.
     (g as *const Global<T>).cast()
+}
+
+/// The layout global a tracepoint program reads: `raw` (argument slots from BTF) in the raw
+/// tracepoint twin, `perf` (offsets from the `format` file) in the perf tracepoint program.
+#[inline(always)]
+pub fn layout_of<const RAW: bool>(
+    perf: &Global<TpLayout>,
+    raw: &Global<TpLayout>,
+) -> *const TpLayout {
+    global_ptr(if RAW { raw } else { perf })
 }
 
 /// Index of the range of `set` holding `f`, if any.

@@ -7,7 +7,7 @@
 use aya_ebpf::Global;
 use vmtrace_common::{kind, TpLayout};
 
-use crate::maps::{emit, emit_args, global_ptr};
+use crate::maps::{emit, emit_args, layout_of};
 
 /// `addr, size, align, vstart, vend, failed`.
 #[unsafe(no_mangle)]
@@ -38,10 +38,8 @@ macro_rules! vmalloc_tracepoint {
         fn $handler<const RAW: bool>(ctx: aya_ebpf::programs::TracePointContext) -> u32 {
             let done = if RAW && RAW_DIRECT.load() & (1 << $kind) != 0 {
                 emit_args::<$direct>(&ctx, $kind)
-            } else if RAW {
-                emit::<true>(&ctx, $kind, global_ptr(&$raw_layout))
             } else {
-                emit::<false>(&ctx, $kind, global_ptr(&$layout))
+                emit::<RAW>(&ctx, $kind, layout_of::<RAW>(&$layout, &$raw_layout))
             };
             match done {
                 Ok(()) => 0,

@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use vmtrace_common::{counter, kind, work as w, TpLayout, MAX_FIELDS};
 
-use crate::maps::{bump, emit_values, field, global_ptr, now_ns, this_cpu};
+use crate::maps::{bump, emit_values, field, layout_of, now_ns, this_cpu};
 
 /// `work, function`.
 #[unsafe(no_mangle)]
@@ -64,11 +64,7 @@ fn is_vmap_work(function: u64) -> bool {
 
 #[inline(always)]
 fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
-    let layout = if RAW {
-        global_ptr(&WQ_START_RAW_LAYOUT)
-    } else {
-        global_ptr(&WQ_START_LAYOUT)
-    };
+    let layout = layout_of::<RAW>(&WQ_START_LAYOUT, &WQ_START_RAW_LAYOUT);
     // Raw: the function is read from the work item, so the work comes first. Perf: the record
     // has both, and the work is only read for the few items that pass the filter.
     let (work, function) = if RAW {
@@ -100,11 +96,7 @@ fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn on_execute_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
-    let layout = if RAW {
-        global_ptr(&WQ_END_RAW_LAYOUT)
-    } else {
-        global_ptr(&WQ_END_LAYOUT)
-    };
+    let layout = layout_of::<RAW>(&WQ_END_LAYOUT, &WQ_END_RAW_LAYOUT);
     let function = field::<RAW, 1>(&ctx, layout);
     if !is_vmap_work(function) {
         return 0;
