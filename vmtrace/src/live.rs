@@ -73,26 +73,20 @@ impl EventRings {
     }
 }
 
-/// Decodes everything in every ring and hands each record to `push` with its ring's index,
-/// ring by ring (so records arrive in time order within a ring only: the caller merges, see
-/// `Reorder::push_runs`),
-/// resolving contention stacks (cached by stack id: the stack map is read once per distinct
-/// stack) to lock classes. Returns how many ring records could not be decoded (`record` counts
-/// them in the footer).
-pub fn drain(
+/// Takes the next item of ring `i`, for [`crate::record::Reorder::merge_from`]: `None` when
+/// the ring is empty, `Some(None)` for a record that could not be decoded.
+pub fn pull_one(
     rings: &mut EventRings,
+    i: usize,
     probes: &LoadedProbes,
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
-    mut push: impl FnMut(usize, Record),
-) -> u64 {
-    let mut undecodable = 0;
-    for i in 0..rings.len() {
-        let ring = rings.ring(i);
-        undecodable +=
-            drain_at_most(ring, probes, classifier, stacks, usize::MAX, |r| push(i, r)).1;
-    }
-    undecodable
+) -> Option<Option<Record>> {
+    let mut head = None;
+    let (taken, _) = drain_at_most(rings.ring(i), probes, classifier, stacks, 1, |r| {
+        head = Some(r)
+    });
+    (taken > 0).then_some(head)
 }
 
 /// Drains one ring, stopping after `max` ring records, so a reader that holds what it drains

@@ -370,7 +370,8 @@ async fn live(
     }
 }
 
-/// Decodes everything in the ring buffer into the reorder buffer (see [`crate::live::drain`]).
+/// Decodes everything in the rings into the reorder buffer, merged in time order as
+/// `record` merges them ([`Reorder::merge_from`], unbounded: the TUI releases every batch).
 fn drain(
     rings: &mut EventRings,
     probes: &LoadedProbes,
@@ -378,9 +379,8 @@ fn drain(
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
 ) {
-    let mut runs = vec![Vec::new(); rings.len()];
-    crate::live::drain(rings, probes, classifier, stacks, |ring, r| {
-        runs[ring].push(r)
+    let mut heads = Vec::new();
+    reorder.merge_from(&mut heads, rings.len(), usize::MAX, |i| {
+        crate::live::pull_one(rings, i, probes, classifier, stacks)
     });
-    reorder.push_runs(&mut runs);
 }
