@@ -222,8 +222,6 @@ pub struct PurgeInProgress {
     cutoff: u64,
     /// Nodes whose batch is not purged yet, ascending.
     remaining: Vec<u32>,
-    /// Pages of each node's batch, as detached.
-    batch_pages: Vec<u64>,
     /// Every area lazy at the start has a free order below this.
     start_cutoff: u64,
     /// The objects the whole purge takes (`npurged`), when known.
@@ -752,7 +750,9 @@ impl Model {
             Some(limit) => {
                 let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
                 if limit >= seqs.len() {
-                    self.free_seq + 1
+                    // The kernel's detach took more than is lazy now: the next frees join the
+                    // batch (they were on the lists before the detach, their events after).
+                    self.free_seq + 1 + (limit - seqs.len()) as u64
                 } else {
                     seqs.sort_unstable();
                     seqs[limit]
@@ -762,6 +762,7 @@ impl Model {
         };
         let mut p = self.purge_start_at(full, cutoff);
         p.limit = limit;
+        p.start_cutoff = p.start_cutoff.max(cutoff);
         p
     }
 
@@ -811,7 +812,6 @@ impl Model {
             full,
             cutoff,
             remaining: (0..lazy_nodes).collect(),
-            batch_pages,
             start_cutoff: self.free_seq + 1,
             limit: None,
             out,
@@ -821,7 +821,8 @@ impl Model {
     /// Pages of `node`'s batch in `p` not purged yet (0 once [`Model::purge_node`] ran for it).
     pub fn purge_batch_pages(&self, p: &PurgeInProgress, node: u32) -> u64 {
         if p.remaining.contains(&node) {
-            p.batch_pages.get(node as usize).copied().unwrap_or(0)
+            self.lazy
+                .pages_before(node, p.cutoff, self.params.page_size)
         } else {
             0
         }
@@ -874,9 +875,6 @@ impl Model {
                 .collect();
             seqs.sort_unstable();
             p.cutoff = seqs.get(left).copied().unwrap_or(p.start_cutoff);
-            for &n in &p.remaining {
-                p.batch_pages[n as usize] = self.lazy.pages_before(n, p.cutoff, page);
-            }
         }
         true
     }

@@ -215,6 +215,9 @@ pub struct Report {
     pub locks: crate::model::LockCounts,
     /// Purges applied before their event because the trace showed their effect first.
     pub early_purges: u64,
+    /// Purges started (pools decayed, batches detached) where the drain work item holding
+    /// their event started, read ahead from the `purge_work` probe's records.
+    pub purges_started_at_work: u64,
     /// Early purges applied node by node at different points: a free saw one node's
     /// decrement of `vmap_lazy_nr` but not yet the other's.
     pub early_split_purges: u64,
@@ -478,6 +481,10 @@ struct Replayer<'o> {
     /// Lazy areas the model held when it purged early: its unaligned prediction of `npurged`.
     early_lazy_before: Option<usize>,
     early_purges: u64,
+    /// The model's pool entries the kernel's last pool pick skipped: `(node, size, entries)`.
+    pool_skip: Option<(u32, u64, Vec<u64>)>,
+    /// Purges started where their drain work item started.
+    work_starts: u64,
     /// Early purges applied node by node at more than one point, and whether the current one
     /// is.
     early_split: u64,
@@ -551,6 +558,8 @@ impl<'o> Replayer<'o> {
             early: None,
             early_lazy_before: None,
             early_purges: 0,
+            work_starts: 0,
+            pool_skip: None,
             early_split: 0,
             early_is_split: false,
             recent_frees: VecDeque::new(),
@@ -673,6 +682,9 @@ impl<'o> Replayer<'o> {
         }
         self.last_ts = self.last_ts.max(ts);
         let in_window = ts <= self.snapshot_end;
+        if matches!(rec, Record::Alloc(_) | Record::Free(_)) {
+            self.start_at_work(ts, ahead);
+        }
         match rec {
             Record::Alloc(a) => {
                 self.alloc(&a, in_window, ahead)?;
@@ -808,7 +820,10 @@ impl<'o> Replayer<'o> {
         if let Some(n) = self.obs_per_node.get_mut(node) {
             *n += 1;
         }
-        if self.drain_pending && self.early_open() && self.lazy_overlaps(addr, size) {
+        if (self.drain_pending || self.early.is_some())
+            && self.early_open()
+            && self.lazy_overlaps(addr, size)
+        {
             self.purge_early_reused(ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
@@ -840,6 +855,25 @@ impl<'o> Replayer<'o> {
         if let Some(g) = &pred_addr {
             let _ = self.model.undo_alloc(g);
         }
+        // Entries the model's pool holds ahead of the kernel's pick, when the kernel took it
+        // from the same pool: the kernel's pool did not have them on top.
+        let node32 = p.layout.cpu_to_node(a.ctx.cpu);
+        let ahead_of_pick: Vec<u64> = match &pred_addr {
+            Some(g) if g.placement == Placement::Pool => {
+                let list: Vec<u64> = self
+                    .model
+                    .pools()
+                    .iter()
+                    .filter(|&(n, _, z)| n == node32 && z == size)
+                    .map(|(_, s, _)| s)
+                    .collect();
+                match list.iter().position(|&s| s == addr) {
+                    Some(k) => list[..k].to_vec(),
+                    None => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        };
         let mut claimed = self.model.claim(&req, addr);
         if claimed.is_err() && self.model.unhide(addr, size) {
             // The kernel used space the model had hidden: it was available after all.
@@ -874,9 +908,31 @@ impl<'o> Replayer<'o> {
             // Keep the area out of the model so that its free is recognised, not an error.
             self.outside.insert(addr, size);
         }
+        if matches!(claimed, Ok(Placement::Pool)) && !ahead_of_pick.is_empty() {
+            // Hide the entries ahead of the kernel's pick only on the second pick that skips
+            // the same ones: a single skip is as likely the kernel's own batch putting the
+            // pick on top (an area its last purge took and the model's did not).
+            let confirmed = self
+                .pool_skip
+                .as_ref()
+                .is_some_and(|(n, z, prev)| *n == node32 && *z == size && *prev == ahead_of_pick);
+            if confirmed {
+                for s in ahead_of_pick {
+                    if self.model.hide(s, size, node32) {
+                        self.hidden += 1;
+                    }
+                }
+                self.pool_skip = None;
+            } else {
+                self.pool_skip = Some((node32, size, ahead_of_pick));
+            }
+        }
         if let (Some(g), Ok(Placement::FreeTree(_))) = (&pred_addr, &claimed) {
             if req.align <= p.page_size {
-                self.hide_unavailable(&req, addr, g.placement == Placement::Pool);
+                // While a purge runs, the kernel's decay detaches each pool for a moment, and
+                // an allocation then finds it empty: no evidence the pool is gone.
+                let pool_gone = g.placement == Placement::Pool && self.early.is_none();
+                self.hide_unavailable(&req, addr, pool_gone);
             }
         }
         self.diverge(Divergence {
@@ -916,7 +972,7 @@ impl<'o> Replayer<'o> {
             );
         }
         self.tally.free += 1;
-        if self.drain_pending && self.early_open() {
+        if (self.drain_pending || self.early.is_some()) && self.early_open() {
             // The backlog the kernel reports is below what it would be without a purge: the
             // purge already subtracted its pages, node by node.
             let own =
@@ -1184,6 +1240,30 @@ impl<'o> Replayer<'o> {
         }
     }
 
+    /// The drain work item that runs the coming purge event started before `ts`: the kernel
+    /// decayed the pools and detached the lazy lists right after (`__purge_vmap_area_lazy`
+    /// begins with them), so events from here on see the decayed pools and their frees go to
+    /// the next batch. Starts the model's purge there.
+    fn start_at_work(&mut self, ts: u64, ahead: &dyn DrainLookup) {
+        if self.early.is_some() || self.pending_failure.is_some() {
+            return;
+        }
+        let Some(item) = ahead
+            .next_purge()
+            .and_then(|(pid, pts)| ahead.drain_holding(pid, pts))
+        else {
+            return;
+        };
+        if item.start_ns > ts || item.start_ns < self.last_purge_ts {
+            return;
+        }
+        self.early_lazy_before = Some(self.model.lazy().objects());
+        self.early_is_split = false;
+        let limit = ahead.next_npurged().map(|n| n as usize);
+        self.early = Some(self.model.purge_start(false, limit));
+        self.work_starts += 1;
+    }
+
     /// Whether the pending purge may still be (further) applied early: not started, or some
     /// nodes' batches not purged yet.
     fn early_open(&self) -> bool {
@@ -1332,6 +1412,7 @@ impl<'o> Replayer<'o> {
             model: self.model.stats().clone(),
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
+            purges_started_at_work: self.work_starts,
             early_split_purges: self.early_split,
             nr_lazy_reordered: self.nr_lazy_reordered,
             purge_swaps: self.swapped,
