@@ -8,9 +8,11 @@
 //!
 //! For `align <= PAGE_SIZE` the result is exactly the kernel's: `find_vmap_lowest_match` returns the
 //! lowest-addressed block that passes `is_within_this_va`, whatever the tree's shape. For larger
-//! alignments the kernel's answer depends on the rb-tree's shape (spec §1.3); this module returns
-//! the lowest block that passes the exact aligned test, which is what the kernel returns whenever
-//! that block lies on its search path. `docs/model.md` discusses the deviation.
+//! alignments the kernel descends by `size + align - 1` (`adjust_search_size`) and its answer
+//! depends on the rb-tree's shape (spec §1.3): it is never above the lowest block of that length,
+//! and below it only a shorter block that happens to sit on the search path. This module returns
+//! the lowest block of that length (the lowest aligned fit when there is none), which is the
+//! kernel's answer unless such a path block exists. `docs/model.md` gives the measured deviation.
 
 use std::collections::BTreeMap;
 
@@ -171,9 +173,27 @@ impl FreeSpace {
     /// `find_vmap_lowest_match` followed by the fit test: the lowest block that can hold `size`
     /// bytes aligned to `align` at or above `vstart`, and the placement in it.
     pub fn find_lowest(&self, size: u64, align: u64, vstart: u64) -> Option<(u64, u64, u64)> {
+        self.find_lowest_of(size, align, vstart, 0)
+    }
+
+    /// [`FreeSpace::find_lowest`] among the blocks at least `min_len` long.
+    fn find_lowest_of(
+        &self,
+        size: u64,
+        align: u64,
+        vstart: u64,
+        min_len: u64,
+    ) -> Option<(u64, u64, u64)> {
         if size == 0 || !align.is_power_of_two() {
             return None;
         }
+        let fit_in = |s: u64, e: u64, size, align, vstart| {
+            if e - s < min_len {
+                None
+            } else {
+                fit_in(s, e, size, align, vstart)
+            }
+        };
         // A block that straddles vstart is the only candidate starting below it.
         if let Some((&s, &e)) = self.blocks.range(..=vstart).next_back() {
             if e > vstart {
@@ -215,9 +235,19 @@ impl FreeSpace {
         align: u64,
         vstart: u64,
         vend_inclusive: u64,
+        adjust: bool,
     ) -> Result<(u64, FitType), FitFailure> {
-        let (s, e, nva) = self
-            .find_lowest(size, align, vstart)
+        // With `adjust`, the kernel's search descends towards the lowest block of at least
+        // `size + align - 1` bytes, checking only the blocks on its path on the way: it never
+        // returns a block above that one, and a smaller block below it only when the tree's
+        // shape puts it on the path. The model takes the long block (the kernel's answer
+        // whenever no smaller fitting block is a path ancestor), or the lowest fit when there is
+        // none.
+        let long = adjust
+            .then(|| self.find_lowest_of(size, align, vstart, size.saturating_add(align - 1)))
+            .flatten();
+        let (s, e, nva) = long
+            .or_else(|| self.find_lowest(size, align, vstart))
             .ok_or(FitFailure::NoBlock)?;
         // va_alloc: `nva + size > vend` with the kernel's inclusive VMALLOC_END.
         if nva.saturating_add(size) > vend_inclusive {
@@ -302,22 +332,56 @@ mod tests {
     fn fit_types_and_merge() {
         let mut f = FreeSpace::new();
         f.release(0, 100 * P).unwrap();
-        assert_eq!(f.alloc(2 * P, 1, 0, u64::MAX), Ok((0, FitType::Le)));
+        assert_eq!(f.alloc(2 * P, 1, 0, u64::MAX, false), Ok((0, FitType::Le)));
         f.claim(50 * P, 2 * P).unwrap();
         // Blocks: [2,50) [52,100)
-        assert_eq!(f.alloc(48 * P, 1, 0, u64::MAX), Ok((2 * P, FitType::Fl)));
         assert_eq!(
-            f.alloc(2 * P, 4 * P, 52 * P, u64::MAX),
+            f.alloc(48 * P, 1, 0, u64::MAX, false),
+            Ok((2 * P, FitType::Fl))
+        );
+        assert_eq!(
+            f.alloc(2 * P, 4 * P, 52 * P, u64::MAX, false),
             Ok((52 * P, FitType::Le))
         );
         // [54,100): aligned to 8 pages -> 56: NE.
-        assert_eq!(f.alloc(P, 8 * P, 0, u64::MAX), Ok((56 * P, FitType::Ne)));
+        assert_eq!(
+            f.alloc(P, 8 * P, 0, u64::MAX, false),
+            Ok((56 * P, FitType::Ne))
+        );
         assert_eq!(f.len(), 2);
         f.release(56 * P, P).unwrap();
         assert_eq!(f.len(), 1);
         assert!(f.release(60 * P, P).is_err());
-        assert_eq!(f.alloc(P, 1, 0, 54 * P), Err(FitFailure::BeyondEnd));
-        assert_eq!(f.alloc(1000 * P, 1, 0, u64::MAX), Err(FitFailure::NoBlock));
+        assert_eq!(f.alloc(P, 1, 0, 54 * P, false), Err(FitFailure::BeyondEnd));
+        assert_eq!(
+            f.alloc(1000 * P, 1, 0, u64::MAX, false),
+            Err(FitFailure::NoBlock)
+        );
+    }
+
+    #[test]
+    fn an_adjusted_search_skips_short_blocks_that_fit_only_by_alignment() {
+        let mut f = FreeSpace::new();
+        // [8,14): six pages, holds 5 pages at 8 (4-page alignment) but is shorter than the
+        // search length 5 + 4 - 1 = 8 pages. [20,40) is long enough.
+        f.release(8 * P, 6 * P).unwrap();
+        f.release(20 * P, 20 * P).unwrap();
+        let mut plain = f.clone();
+        assert_eq!(
+            plain.alloc(5 * P, 4 * P, 0, u64::MAX, false),
+            Ok((8 * P, FitType::Le))
+        );
+        assert_eq!(
+            f.alloc(5 * P, 4 * P, 0, u64::MAX, true),
+            Ok((20 * P, FitType::Le))
+        );
+        // No long block left: the lowest fit, as the kernel's search may still find it.
+        let mut short = FreeSpace::new();
+        short.release(8 * P, 6 * P).unwrap();
+        assert_eq!(
+            short.alloc(5 * P, 4 * P, 0, u64::MAX, true),
+            Ok((8 * P, FitType::Le))
+        );
     }
 
     proptest::proptest! {

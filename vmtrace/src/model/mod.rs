@@ -428,7 +428,13 @@ impl Model {
             }
             None => {
                 self.locks.free_vmap_area_lock += 1;
-                match self.free.alloc(req.size, req.align, req.vstart, req.vend) {
+                match self.free.alloc(
+                    req.size,
+                    req.align,
+                    req.vstart,
+                    req.vend,
+                    self.adjusts_search(req),
+                ) {
                     Ok((addr, fit)) => {
                         self.count_fit(fit);
                         (addr, Placement::FreeTree(fit))
@@ -517,6 +523,12 @@ impl Model {
         };
         self.insert_busy(addr, req, tag);
         Ok(placement)
+    }
+
+    /// `adjust_search_size` of `__alloc_vmap_area`: the search descends by `size + align - 1`
+    /// when the alignment exceeds a page, unless the range is exactly the request.
+    pub fn adjusts_search(&self, req: &AllocRequest) -> bool {
+        req.align > self.params.page_size && req.vend.saturating_sub(req.vstart) != req.size
     }
 
     /// Seeds a busy area from a snapshot. `tag` is the encoded node, usually unknown (0).

@@ -68,6 +68,30 @@ fn oracle_fit(used: &[bool], pages: u64, align: u64) -> Option<u64> {
     None
 }
 
+/// The kernel's search with `adjust_search_size` (alignment above a page): the lowest maximal
+/// free run of at least `size + align - 1` bytes, else the lowest fit (`FreeSpace::alloc`).
+fn oracle_fit_adjusted(used: &[bool], pages: u64, align: u64) -> Option<u64> {
+    let step = (align / PAGE).max(1);
+    let base_page = BASE / PAGE;
+    let mut p = 0u64;
+    while p < PAGES {
+        if used[p as usize] {
+            p += 1;
+            continue;
+        }
+        let start = p;
+        while p < PAGES && !used[p as usize] {
+            p += 1;
+        }
+        // size + align - 1 bytes is one byte short of pages + step whole pages.
+        if p - start >= pages + step {
+            let aligned = (base_page + start).div_ceil(step) * step - base_page;
+            return Some(BASE + aligned * PAGE);
+        }
+    }
+    oracle_fit(used, pages, align)
+}
+
 fn used_pages(
     busy: &BTreeMap<u64, u64>,
     lazy: &BTreeMap<u64, u64>,
@@ -121,6 +145,10 @@ fn run(variant: Variant, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 match got {
                     Ok(a) => {
                         match a.placement {
+                            Placement::FreeTree(_) if align > PAGE => prop_assert_eq!(
+                                Some(a.addr),
+                                oracle_fit_adjusted(&used, pages, align)
+                            ),
                             Placement::FreeTree(_) => {
                                 prop_assert_eq!(Some(a.addr), oracle_fit(&used, pages, align))
                             }

@@ -928,12 +928,10 @@ impl<'o> Replayer<'o> {
             }
         }
         if let (Some(g), Ok(Placement::FreeTree(_))) = (&pred_addr, &claimed) {
-            if req.align <= p.page_size {
-                // While a purge runs, the kernel's decay detaches each pool for a moment, and
-                // an allocation then finds it empty: no evidence the pool is gone.
-                let pool_gone = g.placement == Placement::Pool && self.early.is_none();
-                self.hide_unavailable(&req, addr, pool_gone);
-            }
+            // While a purge runs, the kernel's decay detaches each pool for a moment, and an
+            // allocation then finds it empty: no evidence the pool is gone.
+            let pool_gone = g.placement == Placement::Pool && self.early.is_none();
+            self.hide_unavailable(&req, addr, pool_gone);
         }
         self.diverge(Divergence {
             line: self.line,
@@ -1146,12 +1144,20 @@ impl<'o> Replayer<'o> {
                 }
             }
         }
+        // With a larger alignment, only the blocks long enough to steer the kernel's search
+        // are known to be taken (see `FreeSpace::alloc`): a shorter one may just have been off
+        // its path.
+        let min_len = if self.model.adjusts_search(req) {
+            req.size.saturating_add(req.align - 1)
+        } else {
+            req.size
+        };
         let below: Vec<(u64, u64)> = self
             .model
             .free_space()
             .iter()
             .take_while(|&(s, _)| s < addr)
-            .filter(|&(s, e)| s >= req.vstart && e - s >= req.size)
+            .filter(|&(s, e)| s >= req.vstart && e - s >= min_len)
             .collect();
         for (s, e) in below {
             if self.model.hide(s, e - s, node) {
