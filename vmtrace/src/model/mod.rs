@@ -977,6 +977,24 @@ impl Model {
         self.pools.iter().any(|(_, s, z)| s < end && addr < s + z)
     }
 
+    /// Returns the pooled areas overlapping `[addr, addr+size)` to the free tree, as a decay
+    /// would (replay: the kernel had that range free while the model held it pooled). Returns
+    /// how many there were.
+    pub fn decay_overlapping(&mut self, addr: u64, size: u64) -> u32 {
+        let end = addr.saturating_add(size);
+        let hit: Vec<(u32, u64, u64)> = self
+            .pools
+            .iter()
+            .filter(|&(_, s, z)| s < end && addr < s + z)
+            .collect();
+        for &(node, s, z) in &hit {
+            if self.pools.remove(s, z, node).is_some() {
+                let _ = self.free.release(s, z);
+            }
+        }
+        hit.len() as u32
+    }
+
     /// `node_pool_add_va` as called from `purge_vmap_node`.
     fn try_pool(&mut self, node: u32, addr: u64, area: LazyArea, full: bool) -> bool {
         if full || !self.params.variant.has_pools() {

@@ -289,6 +289,34 @@ fn hidden_ranges_are_skipped_and_come_back() {
     m.check_invariants().unwrap();
 }
 
+/// `decay_overlapping` returns only the pool entries inside the range to the free tree; the
+/// rest of the pools stay as they were (replay's answer to a kernel allocation inside a range
+/// the model held pooled).
+#[test]
+fn decay_overlapping_frees_only_the_entries_in_the_range() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..4)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    for &a in &addrs {
+        m.free(a).unwrap();
+    }
+    m.purge(false);
+    assert_eq!(m.pools().objects(), 4);
+    let (first, second) = (addrs[0], addrs[1]);
+    assert_eq!(m.decay_overlapping(first, PAGE), 1);
+    assert_eq!(m.pools().objects(), 3);
+    assert!(m.free_space().block_containing(first).is_some());
+    assert!(m.pools().iter().any(|(_, s, _)| s == second));
+    assert_eq!(
+        m.decay_overlapping(first, PAGE),
+        0,
+        "nothing pooled there now"
+    );
+    m.check_invariants().unwrap();
+}
+
 /// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
 /// takes a pooled area back to its lazy tree.
 #[test]
