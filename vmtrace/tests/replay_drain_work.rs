@@ -142,3 +142,43 @@ fn a_work_record_of_another_task_does_not_match() {
     assert_eq!(r.drain_work.purges_without_work, 1);
     assert_eq!(r.early_purges, 1);
 }
+
+/// A pool the model hid as empty in the kernel comes back once the kernel is seen taking from
+/// it. A, B, C are freed and purged into node 0's pool (C on top). The kernel then allocates D
+/// from its free tree although the model offered C from the pool: the model hides the pool.
+/// Then the kernel takes C after all: its pool was there (only missing for a moment, as during
+/// a decay), so B and A go back, and the next allocation, B, is predicted again.
+#[test]
+fn a_hidden_pool_seen_in_use_is_put_back() {
+    let (a, b, c, d) = (
+        VMALLOC_START,
+        VMALLOC_START + AREA,
+        VMALLOC_START + 2 * AREA,
+        VMALLOC_START + 3 * AREA,
+    );
+    let mut t = preamble();
+    t += &alloc(3000, a);
+    t += &alloc(3100, b);
+    t += &alloc(3200, c);
+    t += &free(4000, a, 4);
+    t += &free(4100, b, 8);
+    t += &free(4200, c, 12);
+    t += &purge(5000, KWORKER, 3);
+    t += &alloc(6000, d);
+    t += &alloc(6100, c);
+    t += &alloc(6200, b);
+    let opts = ReplayOptions {
+        lazy_max_pages: Some(4),
+        strict: true,
+        ..ReplayOptions::default()
+    };
+    let r = replay(t.as_bytes(), &opts).expect("replay");
+    assert_eq!(r.purges[0].pooled, 3, "{:?}", r.purges[0]);
+    assert_eq!(r.pool_entries_restored, 2);
+    // A, B, C, then D and C missed, B predicted from the restored pool.
+    assert_eq!((r.placement.compared, r.placement.agreed), (6, 4));
+    assert_eq!(
+        r.divergence_classes.get("model-pool-hit-kernel-free-tree"),
+        Some(&1)
+    );
+}

@@ -683,6 +683,49 @@ impl Model {
         !hit.is_empty()
     }
 
+    /// Purges the `n` oldest lazy areas (in free order, on any node) without a decay: replay's
+    /// top-up of a purge whose batch came out smaller than the observed `npurged`. They go to
+    /// the pools or the free tree as `purge_vmap_node` would put them. Returns how many.
+    pub fn purge_late_oldest(&mut self, n: usize) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
+        seqs.sort_unstable();
+        let cutoff = seqs.get(n).copied().unwrap_or(self.free_seq + 1);
+        self.purge_late_before(cutoff)
+    }
+
+    fn purge_late_before(&mut self, cutoff: u64) -> u32 {
+        let nodes = self.lazy.nodes();
+        let mut p = PurgeInProgress {
+            full: false,
+            cutoff,
+            remaining: (0..nodes).collect(),
+            start_cutoff: cutoff,
+            limit: None,
+            out: Purged::default(),
+        };
+        for node in 0..nodes {
+            self.purge_node(&mut p, node);
+        }
+        p.out.npurged
+    }
+
+    /// Puts hidden ranges back in `node`'s pool of `size`, the first of `addrs` at the head
+    /// (replay: a pool it hid as missing in the kernel turned out to be there). Returns how many
+    /// were.
+    pub fn restore_pooled(&mut self, node: u32, size: u64, addrs: &[u64]) -> u32 {
+        let mut n = 0;
+        for &a in addrs.iter().rev() {
+            if self.hidden.get(&a) == Some(&size) && self.pools.push_head(node, a, size) {
+                self.hidden.remove(&a);
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Returns every hidden range to the free tree: a full decay (shrinker or the failure
     /// path) has emptied every kernel pool, where hidden ranges are assumed to sit.
     pub fn unhide_all(&mut self) {

@@ -317,6 +317,61 @@ fn decay_overlapping_frees_only_the_entries_in_the_range() {
     m.check_invariants().unwrap();
 }
 
+/// Hidden pool entries put back with `restore_pooled` come back in their order (the first at
+/// the head), and only those that were hidden with that size.
+#[test]
+fn restore_pooled_puts_hidden_entries_back_in_order() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    for &a in &addrs {
+        m.free(a).unwrap();
+    }
+    m.purge(false);
+    let order: Vec<u64> = m.pools().iter().map(|(_, s, _)| s).collect();
+    assert_eq!(order.len(), 3);
+    for &a in &order {
+        assert!(m.hide(a, PAGE, 0));
+    }
+    assert_eq!(m.pools().objects(), 0);
+    assert_eq!(m.restore_pooled(0, PAGE, &order[1..]), 2);
+    let back: Vec<u64> = m.pools().iter().map(|(_, s, _)| s).collect();
+    assert_eq!(back, order[1..].to_vec());
+    assert_eq!(
+        m.restore_pooled(0, 2 * PAGE, &order[..1]),
+        0,
+        "hidden with another size"
+    );
+    assert_eq!(m.hidden().len(), 1);
+    m.check_invariants().unwrap();
+}
+
+/// `purge_late_oldest` purges the oldest lazy areas without decaying the pools.
+#[test]
+fn purge_late_oldest_takes_the_oldest_and_decays_nothing() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..8)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    for &a in &addrs[..4] {
+        m.free(a).unwrap();
+    }
+    m.purge(false);
+    assert_eq!(m.pools().objects(), 4);
+    for &a in &addrs[4..] {
+        m.free(a).unwrap();
+    }
+    assert_eq!(m.purge_late_oldest(3), 3);
+    assert_eq!(m.pools().objects(), 7, "nothing decayed, three pooled");
+    assert_eq!(m.lazy().objects(), 1);
+    assert!(m.lazy().find(addrs[7]).is_some(), "the newest stays lazy");
+    assert_eq!(m.lazy_pages(), 1);
+    m.check_invariants().unwrap();
+}
+
 /// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
 /// takes a pooled area back to its lazy tree.
 #[test]

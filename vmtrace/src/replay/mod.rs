@@ -218,6 +218,13 @@ pub struct Report {
     /// Purges started (pools decayed, batches detached) where the drain work item holding
     /// their event started, read ahead from the `purge_work` probe's records.
     pub purges_started_at_work: u64,
+    /// Pool entries hidden as missing in the kernel and put back when the kernel was seen
+    /// taking one of them from its pool.
+    pub pool_entries_restored: u64,
+    /// Lazy areas the model added to a purge's batch at its event, when the batch (fixed at
+    /// the drain item's start and split by node) came out smaller than the observed `npurged`
+    /// (`Model::purge_late_oldest`).
+    pub purged_late: u64,
     /// Early purges applied node by node at different points: a free saw one node's
     /// decrement of `vmap_lazy_nr` but not yet the other's.
     pub early_split_purges: u64,
@@ -486,6 +493,12 @@ struct Replayer<'o> {
     pool_skip: Option<(u32, u64, Vec<u64>)>,
     /// Purges started where their drain work item started.
     work_starts: u64,
+    /// Pools hidden whole since the last purge event (`hide_unavailable`): node, size and
+    /// entries from the head, and entries put back from them.
+    hidden_pools: Vec<(u32, u64, Vec<u64>)>,
+    pools_restored: u64,
+    /// Lazy areas purged at a purge's event to make up its observed `npurged`.
+    late_purged: u64,
     /// Early purges applied node by node at more than one point, and whether the current one
     /// is.
     early_split: u64,
@@ -560,6 +573,9 @@ impl<'o> Replayer<'o> {
             early_lazy_before: None,
             early_purges: 0,
             work_starts: 0,
+            hidden_pools: Vec::new(),
+            pools_restored: 0,
+            late_purged: 0,
             pool_skip: None,
             early_split: 0,
             early_is_split: false,
@@ -876,6 +892,20 @@ impl<'o> Replayer<'o> {
             _ => Vec::new(),
         };
         let mut claimed = self.model.claim(&req, addr);
+        if claimed.is_err() {
+            // A pool the model hid as empty in the kernel, now seen in use there: it was only
+            // missing for a moment (or its head differed). The entries after the one used go
+            // back to the pool, in their order.
+            let group = self
+                .hidden_pools
+                .iter()
+                .position(|(_, z, list)| *z == size && list.contains(&addr));
+            if let Some(g) = group {
+                let (n, z, list) = self.hidden_pools.swap_remove(g);
+                let k = list.iter().position(|&a| a == addr).unwrap_or(0);
+                self.pools_restored += u64::from(self.model.restore_pooled(n, z, &list[k + 1..]));
+            }
+        }
         if claimed.is_err() && self.model.unhide(addr, size) {
             // The kernel used space the model had hidden: it was available after all.
             self.unhidden += 1;
@@ -1066,10 +1096,19 @@ impl<'o> Replayer<'o> {
         let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before);
         let early = self.early.take().map(|e| self.model.purge_finish(e));
         self.recent_frees.clear();
-        let got = match early {
+        let mut got = match early {
             Some(early) if !full => early,
             _ => self.model.purge_oldest(full, p.npurged as usize),
         };
+        if got.npurged < p.npurged {
+            // The batch came out smaller than the kernel's: a free that was to join it went to
+            // a node already purged. The oldest lazy areas make up the count.
+            let more = self
+                .model
+                .purge_late_oldest((p.npurged - got.npurged) as usize);
+            self.late_purged += u64::from(more);
+            got.npurged += more;
+        }
         self.last_batch.clone_from(&got.batch);
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
         self.free_log.clear();
@@ -1078,6 +1117,7 @@ impl<'o> Replayer<'o> {
         // the model had already purged it): give it back. Pool entries from before the trace
         // are hidden again by the next allocation that shows them unavailable.
         self.model.unhide_all();
+        self.hidden_pools.clear();
         let predicted = u32::try_from(unaligned).unwrap_or(u32::MAX);
         let ok = predicted == p.npurged;
         self.npurged.add(ok);
@@ -1142,11 +1182,12 @@ impl<'o> Replayer<'o> {
                 .filter(|&(n, _, z)| n == node && z == req.size)
                 .map(|(_, s, _)| s)
                 .collect();
-            for s in stale {
+            for &s in &stale {
                 if self.model.hide(s, req.size, node) {
                     self.hidden += 1;
                 }
             }
+            self.hidden_pools.push((node, req.size, stale));
         }
         // With a larger alignment, only the blocks long enough to steer the kernel's search
         // are known to be taken (see `FreeSpace::alloc`): a shorter one may just have been off
@@ -1423,6 +1464,8 @@ impl<'o> Replayer<'o> {
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
             purges_started_at_work: self.work_starts,
+            pool_entries_restored: self.pools_restored,
+            purged_late: self.late_purged,
             early_split_purges: self.early_split,
             nr_lazy_reordered: self.nr_lazy_reordered,
             purge_swaps: self.swapped,
