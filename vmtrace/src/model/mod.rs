@@ -685,10 +685,10 @@ impl Model {
 
     /// Purges the `n` oldest lazy areas (in free order, on any node) without a decay: replay's
     /// top-up of a purge whose batch came out smaller than the observed `npurged`. They go to
-    /// the pools or the free tree as `purge_vmap_node` would put them. Returns how many.
-    pub fn purge_late_oldest(&mut self, n: usize) -> u32 {
+    /// the pools or the free tree as `purge_vmap_node` would put them. Returns what it did.
+    pub fn purge_late_oldest(&mut self, n: usize) -> Purged {
         if n == 0 {
-            return 0;
+            return Purged::default();
         }
         let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
         seqs.sort_unstable();
@@ -696,7 +696,7 @@ impl Model {
         self.purge_late_before(cutoff)
     }
 
-    fn purge_late_before(&mut self, cutoff: u64) -> u32 {
+    fn purge_late_before(&mut self, cutoff: u64) -> Purged {
         let nodes = self.lazy.nodes();
         let mut p = PurgeInProgress {
             full: false,
@@ -709,7 +709,7 @@ impl Model {
         for node in 0..nodes {
             self.purge_node(&mut p, node);
         }
-        p.out.npurged
+        p.out
     }
 
     /// Puts hidden ranges back in `node`'s pool of `size`, the first of `addrs` at the head

@@ -364,7 +364,8 @@ fn purge_late_oldest_takes_the_oldest_and_decays_nothing() {
     for &a in &addrs[4..] {
         m.free(a).unwrap();
     }
-    assert_eq!(m.purge_late_oldest(3), 3);
+    let late = m.purge_late_oldest(3);
+    assert_eq!((late.npurged, late.batch.len(), late.decayed), (3, 3, 0));
     assert_eq!(m.pools().objects(), 7, "nothing decayed, three pooled");
     assert_eq!(m.lazy().objects(), 1);
     assert!(m.lazy().find(addrs[7]).is_some(), "the newest stays lazy");

@@ -509,6 +509,9 @@ struct Replayer<'o> {
     nr_lazy_reordered: u64,
     /// The areas the model's last purge took (the early one in progress included), for
     /// [`Replayer::swap_purged`].
+    /// The batch of the purge before: a pair of purges (the second taking what raced the
+    /// first's detach) splits the kernel's areas between them otherwise than the model's.
+    prev_batch: Vec<crate::model::PurgedArea>,
     last_batch: Vec<crate::model::PurgedArea>,
     swapped: u64,
     /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
@@ -582,6 +585,7 @@ impl<'o> Replayer<'o> {
             recent_frees: VecDeque::new(),
             nr_lazy_reordered: 0,
             last_batch: Vec::new(),
+            prev_batch: Vec::new(),
             swapped: 0,
             free_log: VecDeque::new(),
             last_purge_ts: 0,
@@ -1106,10 +1110,14 @@ impl<'o> Replayer<'o> {
             let more = self
                 .model
                 .purge_late_oldest((p.npurged - got.npurged) as usize);
-            self.late_purged += u64::from(more);
-            got.npurged += more;
+            self.late_purged += u64::from(more.npurged);
+            got.npurged += more.npurged;
+            got.pages += more.pages;
+            got.pooled += more.pooled;
+            got.to_free_tree += more.to_free_tree;
+            got.batch.extend(more.batch);
         }
-        self.last_batch.clone_from(&got.batch);
+        self.prev_batch = std::mem::replace(&mut self.last_batch, got.batch.clone());
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
         self.free_log.clear();
         self.drain_pending = self.model.lazy_pages() > self.model.params().lazy_max_pages;
@@ -1227,6 +1235,7 @@ impl<'o> Replayer<'o> {
         let mut candidates: Vec<crate::model::PurgedArea> = self
             .last_batch
             .iter()
+            .chain(&self.prev_batch)
             .chain(in_progress.unwrap_or_default())
             .filter(|p| p.area.size == size)
             .copied()
@@ -1235,6 +1244,7 @@ impl<'o> Replayer<'o> {
         for c in candidates {
             if self.model.swap_purged(addr, &c) {
                 self.last_batch.retain(|p| p.addr != c.addr);
+                self.prev_batch.retain(|p| p.addr != c.addr);
                 return true;
             }
         }
