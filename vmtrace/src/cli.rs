@@ -165,6 +165,13 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub divergences: usize,
 
+    /// Observed timing: predicted delay from a drain work item's start (the `purge_work`
+    /// probe's records) to the purge's detach of the lazy lists. Frees whose events come
+    /// sooner are predicted in that purge's `npurged`. The default is the best single delay
+    /// measured on the 2-CPU 6.18 reference machine (docs/model.md).
+    #[arg(long, value_parser = parse_duration, default_value = "20us")]
+    pub detach_delay: Duration,
+
     /// Free-running what-if replay: the model picks every address and purges on its own
     /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,
     /// page-table slots, purges, lock sections and predicted lock waits per variant. Also done,

@@ -61,6 +61,11 @@ fn work(pid: u32, start: u64, end: u64) -> String {
 /// follows with `npurged` 3 (A, B and C), run by a kworker whose `work` record is `work`
 /// (None: a trace without the `purge_work` probe).
 fn scenario(work_record: Option<(u32, u64)>) -> Report {
+    scenario_with(work_record, ReplayOptions::default().detach_delay_ns)
+}
+
+/// [`scenario`] with another predicted delay from the drain item's start to its detach.
+fn scenario_with(work_record: Option<(u32, u64)>, detach_delay_ns: u64) -> Report {
     let (a, b, c) = (
         VMALLOC_START,
         VMALLOC_START + AREA,
@@ -80,6 +85,7 @@ fn scenario(work_record: Option<(u32, u64)>) -> Report {
     let opts = ReplayOptions {
         lazy_max_pages: Some(4),
         strict: true,
+        detach_delay_ns,
         ..ReplayOptions::default()
     };
     replay(t.as_bytes(), &opts).expect("replay")
@@ -120,12 +126,12 @@ fn an_early_purge_is_refused_before_the_drain_item_starts() {
 #[test]
 fn a_drain_item_that_started_before_a_free_starts_the_purge_there() {
     // The item started between B's and C's frees: the kernel decayed the pools and detached the
-    // lazy lists there, so the model's purge starts at the item's start (not on the evidence of
-    // C's lower backlog), and predicts the two areas lazy then. The kernel reports 3: the
-    // prediction is counted wrong. C's backlog already lacks A and B, so their node was purged
-    // before C's free arrived; at the event the batch is one short of the kernel's count, and
-    // the oldest lazy area, C, makes it up.
-    let r = scenario(Some((KWORKER, 4150)));
+    // lazy lists shortly after, so the model's purge starts at the item's start (not on the
+    // evidence of C's lower backlog). With no detach delay it predicts the two areas lazy then;
+    // the kernel reports 3, and the prediction is counted wrong. C's backlog already lacks A and
+    // B, so their node was purged before C's free arrived; at the event the batch is one short
+    // of the kernel's count, and the oldest lazy area, C, makes it up.
+    let r = scenario_with(Some((KWORKER, 4150)), 0);
     assert_eq!(r.drain_work.purges_in_work, 1);
     assert_eq!(r.drain_work.early_refused, 0);
     assert_eq!(r.purges_started_at_work, 1);
@@ -135,6 +141,19 @@ fn a_drain_item_that_started_before_a_free_starts_the_purge_there() {
     assert_eq!(r.purges[0].pages, 12, "{:?}", r.purges[0]);
     assert_eq!(r.purged_late, 1);
     assert_eq!((r.npurged.compared, r.npurged.agreed), (1, 0));
+}
+
+#[test]
+fn a_free_within_the_detach_delay_is_predicted_in_the_batch() {
+    // As above, but with the default delay C's free, 50 ns after the item's start, is
+    // predicted to have reached the lists before the detach: 3, as the kernel says.
+    let r = scenario(Some((KWORKER, 4150)));
+    assert_eq!(r.purges_started_at_work, 1);
+    assert_eq!(r.purges[0].predicted_npurged, 3);
+    assert_eq!((r.npurged.compared, r.npurged.agreed), (1, 1));
+    // A free later than the delay is not: with 40 ns, C's free (at 50 ns) came after the detach.
+    let late = scenario_with(Some((KWORKER, 4150)), 40);
+    assert_eq!(late.purges[0].predicted_npurged, 2);
 }
 
 #[test]
