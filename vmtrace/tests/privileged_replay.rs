@@ -71,10 +71,14 @@ fn replay_of_real_stress_meets_the_floors() {
     // between a purge's detach and its event (docs/model.md) are more frequent when the stress
     // runs faster, and a clean CI-like run on an idle machine gave the lowest figures. With
     // purge swaps and whole early purges on reuse (later on 30 Nov 2026), four runs gave
-    // 68.4–76.6 / 95.7–99.8 / 62.9–66.7 %, so the nr_lazy floor rose from 75 to 90 %.
-    assert!(warm >= 55.0, "placement after warm-up {warm:.2} % < 55 %");
-    assert!(nr_lazy >= 90.0, "nr_lazy agreement {nr_lazy:.2} % < 90 %");
-    assert!(npurged >= 40.0, "npurged agreement {npurged:.2} % < 40 %");
+    // 68.4–76.6 / 95.7–99.8 / 62.9–66.7 %, so the nr_lazy floor rose from 75 to 90 %. With
+    // purges started at their drain item, pools hidden by mistake put back, no inferred shrinks
+    // and the detach delay (1 Dec 2026), three runs gave 98.2–98.7 / 99.5–99.8 / 81.7–85.1 %;
+    // the floors rose to 90 / 97 / 60 %, leaving room for a busier machine (a 20 s fix-size
+    // trace at full speed replays at 96.5 / 99.0 / 68.4 %).
+    assert!(warm >= 90.0, "placement after warm-up {warm:.2} % < 90 %");
+    assert!(nr_lazy >= 97.0, "nr_lazy agreement {nr_lazy:.2} % < 97 %");
+    assert!(npurged >= 60.0, "npurged agreement {npurged:.2} % < 60 %");
     // No warnings are expected from a healthy recording, except frees the model cannot place:
     // once, on a machine at load average 10 (parallel builds and another stress running), 774 of
     // ~700k frees (0.11 %) named areas the model did not hold as busy; quiet runs have none.
