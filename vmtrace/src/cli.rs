@@ -166,11 +166,17 @@ pub struct ReplayArgs {
     pub divergences: usize,
 
     /// Observed timing: predicted delay from a drain work item's start (the `purge_work`
-    /// probe's records) to the purge's detach of the lazy lists. Frees whose events come
-    /// sooner are predicted in that purge's `npurged`. The default is the best single delay
-    /// measured on the 2-CPU 6.18 reference machine (docs/model.md).
-    #[arg(long, value_parser = parse_duration, default_value = "20us")]
+    /// probe's records) to the purge's detach of node 0's lazy list. Frees whose events come
+    /// sooner are predicted in that purge's `npurged`. The defaults of this and
+    /// --detach-node-step are the best pair measured on the 2-CPU 6.18 reference machine
+    /// (docs/model.md).
+    #[arg(long, value_parser = parse_duration, default_value = "15us")]
     pub detach_delay: Duration,
+
+    /// Observed timing: added to --detach-delay for each node after node 0 (the kernel decays
+    /// a node's pools before it detaches that node's list, one node after another).
+    #[arg(long, value_parser = parse_duration, default_value = "20us")]
+    pub detach_node_step: Duration,
 
     /// Free-running what-if replay: the model picks every address and purges on its own
     /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,

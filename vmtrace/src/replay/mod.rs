@@ -57,16 +57,22 @@ pub struct ReplayOptions {
     pub lazy_max_pages: Option<u64>,
     /// How many divergences to keep with their context.
     pub max_divergences: usize,
-    /// Predicted time from a drain work item's start to the detach of the lazy lists (the
-    /// purge mutex, then every node's pool decay): frees whose events come this soon after the
+    /// Predicted time from a drain work item's start to the detach of node 0's lazy list (the
+    /// purge mutex, then node 0's pool decay): frees whose events come this soon after the
     /// start are predicted in the purge's batch. See [`DEFAULT_DETACH_DELAY_NS`].
     pub detach_delay_ns: u64,
+    /// Added per node after node 0: the kernel decays node `n`'s pools after detaching node
+    /// `n - 1`'s list, so later nodes detach later. See [`DEFAULT_DETACH_STEP_NS`].
+    pub detach_step_ns: u64,
 }
 
-/// The default of [`ReplayOptions::detach_delay_ns`]: the best single delay on fix-size and
-/// random-size stress traces of the 2-CPU 6.18 reference machine (20 µs: `npurged` agreement
-/// 75 and 87 % against 48 and 68 % at the item's start; `docs/model.md`).
-pub const DEFAULT_DETACH_DELAY_NS: u64 = 20_000;
+/// The default of [`ReplayOptions::detach_delay_ns`], with [`DEFAULT_DETACH_STEP_NS`]: the
+/// best pair of a sweep on 8 s fix-size and random-size stress traces of the 2-CPU 6.18
+/// reference machine (`npurged` agreement 83 and 92 %, against 48 and 68 % at the item's start
+/// and 75 and 87 % with one 20 µs delay for every node; `docs/model.md`).
+pub const DEFAULT_DETACH_DELAY_NS: u64 = 15_000;
+/// The default of [`ReplayOptions::detach_step_ns`].
+pub const DEFAULT_DETACH_STEP_NS: u64 = 20_000;
 
 impl Default for ReplayOptions {
     fn default() -> Self {
@@ -78,6 +84,7 @@ impl Default for ReplayOptions {
             lazy_max_pages: None,
             max_divergences: 10,
             detach_delay_ns: DEFAULT_DETACH_DELAY_NS,
+            detach_step_ns: DEFAULT_DETACH_STEP_NS,
         }
     }
 }
@@ -503,8 +510,8 @@ struct Replayer<'o> {
     pool_skip: Option<(u32, u64, Vec<u64>)>,
     /// Purges started where their drain work item started.
     work_starts: u64,
-    /// When the started purge is predicted to detach the lazy lists (item start plus
-    /// [`ReplayOptions::detach_delay_ns`]).
+    /// When the started purge is predicted to detach node 0's lazy list (item start plus
+    /// [`ReplayOptions::detach_delay_ns`]; later nodes add `detach_step_ns` each).
     detach_at: Option<u64>,
     /// Pools hidden whole since the last purge event (`hide_unavailable`): node, size and
     /// entries from the head, and entries put back from them.
@@ -1037,7 +1044,8 @@ impl<'o> Replayer<'o> {
             Err(e) => return self.warn("free-unknown-address", e.to_string()),
         };
         if let (Some(at), Some(n)) = (self.detach_at, self.early_lazy_before.as_mut()) {
-            if f.ctx.ts_ns < at {
+            let node_at = at.saturating_add(u64::from(got.node) * self.opts.detach_step_ns);
+            if f.ctx.ts_ns < node_at {
                 // Predicted to be on the lists before the detach.
                 *n += 1;
             }
