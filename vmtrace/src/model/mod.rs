@@ -18,7 +18,17 @@ pub mod nodes;
 pub mod pagetable;
 pub mod pools;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// How many purges must have given a hidden range back, each time followed by the kernel
+/// showing it unavailable again, before purges stop giving it back (`Model::unhide_after_purge`).
+/// Measured on 8 s stress traces: 2 gave random-size 99.7 % placement but cost fix-size 0.4
+/// points; 10 keeps most of the first (99.5 %) and gains on the second (99.0 from 98.7 %).
+pub const STICKY_AFTER: u32 = 10;
+
+/// Most ranges remembered as given back by a purge (see `Model::unhide_after_purge`): the bound
+/// on that memory whatever the trace.
+const RELEASED_CAP: usize = 1 << 16;
 
 pub use free_space::{FitFailure, FitType, FreeSpace};
 pub use lazy::{lazy_max_pages, purge_helpers, LazyArea, LazyLists};
@@ -299,6 +309,14 @@ pub struct Model {
     /// entries from before the trace): start → size. Neither free nor allocatable here until
     /// the kernel uses them ([`Model::unhide`]) or a full decay empties every pool.
     hidden: BTreeMap<u64, u64>,
+    /// How often a purge gave each hidden range back ([`Model::unhide_after_purge`]), and the
+    /// ranges hidden again after [`STICKY_AFTER`] of them: the kernel still did not use them
+    /// after all those purges, so they are not areas lazy in the kernel (the detach race) but
+    /// space it holds for good (pool entries from before the trace: pools of one to three
+    /// entries never decay). Purges keep those hidden; the kernel using them, or a full decay,
+    /// still gives them back.
+    released_by_purge: HashMap<(u64, u64), u32>,
+    sticky: HashSet<(u64, u64)>,
 }
 
 impl Model {
@@ -324,6 +342,8 @@ impl Model {
             scratch: Vec::new(),
             free_seq: 0,
             hidden: BTreeMap::new(),
+            released_by_purge: HashMap::new(),
+            sticky: HashSet::new(),
             params,
         })
     }
@@ -662,6 +682,13 @@ impl Model {
             self.pools.remove(addr, size, node).is_some() || self.free.claim(addr, size).is_ok();
         if ok {
             self.hidden.insert(addr, size);
+            if self
+                .released_by_purge
+                .get(&(addr, size))
+                .is_some_and(|&n| n >= STICKY_AFTER)
+            {
+                self.sticky.insert((addr, size));
+            }
         }
         ok
     }
@@ -678,6 +705,7 @@ impl Model {
             .collect();
         for &(s, z) in &hit {
             self.hidden.remove(&s);
+            self.sticky.remove(&(s, z));
             let _ = self.free.release(s, z);
         }
         !hit.is_empty()
@@ -726,9 +754,28 @@ impl Model {
         n
     }
 
+    /// Returns the hidden ranges to the free tree after a purge (what was hidden may have been
+    /// lazy in the kernel, waiting for this purge, while the model had purged it already),
+    /// except those hidden again after [`STICKY_AFTER`] purges gave them back.
+    pub fn unhide_after_purge(&mut self) {
+        let hidden = std::mem::take(&mut self.hidden);
+        for (s, z) in hidden {
+            if self.sticky.contains(&(s, z)) {
+                self.hidden.insert(s, z);
+            } else {
+                *self.released_by_purge.entry((s, z)).or_insert(0) += 1;
+                let _ = self.free.release(s, z);
+            }
+        }
+        if self.released_by_purge.len() > RELEASED_CAP {
+            self.released_by_purge.clear();
+        }
+    }
+
     /// Returns every hidden range to the free tree: a full decay (shrinker or the failure
     /// path) has emptied every kernel pool, where hidden ranges are assumed to sit.
     pub fn unhide_all(&mut self) {
+        self.sticky.clear();
         for (s, z) in std::mem::take(&mut self.hidden) {
             let _ = self.free.release(s, z);
         }

@@ -289,6 +289,30 @@ fn hidden_ranges_are_skipped_and_come_back() {
     m.check_invariants().unwrap();
 }
 
+/// A range the kernel keeps showing unavailable after every purge gives it back stays hidden
+/// once `STICKY_AFTER` purges have; using it, or a full decay, still frees it.
+#[test]
+fn a_range_hidden_after_every_purge_stays_hidden() {
+    let p = params(Variant::Nodes);
+    let base = p.vmalloc_start;
+    let mut m = Model::new(p.clone()).unwrap();
+    for _ in 0..crate::model::STICKY_AFTER {
+        assert!(m.hide(base, PAGE, 0));
+        m.unhide_after_purge();
+        assert!(m.hidden().is_empty(), "given back before it sticks");
+    }
+    assert!(m.hide(base, PAGE, 0));
+    m.unhide_after_purge();
+    assert_eq!(m.hidden().len(), 1, "sticky now");
+    m.check_invariants().unwrap();
+    assert!(m.hide(base + PAGE, PAGE, 0));
+    m.unhide_after_purge();
+    assert_eq!(m.hidden().len(), 1, "another range is given back as before");
+    assert!(m.unhide(base, PAGE), "the kernel used it");
+    assert!(m.hidden().is_empty());
+    m.check_invariants().unwrap();
+}
+
 /// `decay_overlapping` returns only the pool entries inside the range to the free tree; the
 /// rest of the pools stay as they were (replay's answer to a kernel allocation inside a range
 /// the model held pooled).

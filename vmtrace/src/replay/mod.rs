@@ -1153,7 +1153,7 @@ impl<'o> Replayer<'o> {
         // What was hidden may have been waiting for this purge in the kernel (lazy there while
         // the model had already purged it): give it back. Pool entries from before the trace
         // are hidden again by the next allocation that shows them unavailable.
-        self.model.unhide_all();
+        self.model.unhide_after_purge();
         self.hidden_pools.clear();
         let predicted = u32::try_from(unaligned).unwrap_or(u32::MAX);
         let ok = predicted == p.npurged;
