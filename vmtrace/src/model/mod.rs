@@ -815,6 +815,15 @@ impl Model {
         if area.size != instead.area.size || addr == instead.addr {
             return false;
         }
+        // Where the model's purge pooled `instead`, the kernel's pooled `addr`: it takes
+        // `instead`'s place in the pool, so that the kernel's pick of it is a pool hit.
+        if self.pools.replace(instead.addr, addr, area.size).is_some() {
+            self.lazy
+                .insert(instead.node, instead.addr, instead.area, page);
+            let taken = self.lazy.remove(node, addr, page);
+            debug_assert!(taken.is_some(), "found above");
+            return true;
+        }
         if !self.unpurge(instead) {
             return false;
         }

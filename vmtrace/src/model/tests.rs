@@ -463,7 +463,17 @@ fn swap_purged_trades_lazy_for_purged() {
         !m.swap_purged(addrs[1], &newest_purged),
         "the purged area is lazy now, not pooled or free"
     );
-    m.claim(&one_page_req(0, &p), addrs[2]).unwrap();
+    let pooled_before: Vec<u64> = m.pools().iter().map(|(_, s, _)| s).collect();
+    assert!(
+        pooled_before.contains(&addrs[2]),
+        "the kernel's pick takes the pooled area's place: {pooled_before:x?}"
+    );
+    assert!(!pooled_before.contains(&addrs[1]));
+    assert_eq!(
+        m.claim(&one_page_req(0, &p), addrs[2]).unwrap(),
+        Placement::Pool,
+        "so taking it is a pool hit"
+    );
     m.check_invariants().unwrap();
 }
 
