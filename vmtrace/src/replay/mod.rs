@@ -1347,12 +1347,22 @@ impl<'o> Replayer<'o> {
         if item.start_ns > ts || item.start_ns < self.last_purge_ts {
             return;
         }
+        self.restore_hidden_pools();
         self.early_lazy_before = Some(self.model.lazy().objects());
         self.detach_at = Some(item.start_ns.saturating_add(self.opts.detach_delay_ns));
         self.early_is_split = false;
         let limit = ahead.next_npurged().map(|n| n as usize);
         self.early = Some(self.model.purge_start(false, limit));
         self.work_starts += 1;
+    }
+
+    /// Puts every pool hidden whole since the last purge back, in its order, before a purge
+    /// decays the pools: the kernel decays `len >> 2` entries from each pool's head, so a pool
+    /// the model holds shorter than the kernel's decays other entries.
+    fn restore_hidden_pools(&mut self) {
+        for (n, z, list) in std::mem::take(&mut self.hidden_pools) {
+            self.pools_restored += u64::from(self.model.restore_pooled(n, z, &list));
+        }
     }
 
     /// Whether the pending purge may still be (further) applied early: not started, or some
