@@ -800,6 +800,37 @@ impl Model {
         taken
     }
 
+    /// [`Model::swap_purged`] for areas of any sizes (replay: the backlog after a purge shows
+    /// by how many pages the kernel's batch differed): `instead` comes back to its lazy tree,
+    /// and the lazy area at `addr` is purged in its place, into its node's pool (at `instead`'s
+    /// place when they share a pool) or the free tree. False, with nothing changed, when either
+    /// is not where it should be.
+    pub fn swap_purged_sized(&mut self, addr: u64, instead: &PurgedArea) -> bool {
+        let page = self.params.page_size;
+        let Some((node, area)) = self.lazy.find(addr) else {
+            return false;
+        };
+        if addr == instead.addr {
+            return false;
+        }
+        if area.size == instead.area.size {
+            return self.swap_purged(addr, instead);
+        }
+        if !self.unpurge(instead) {
+            return false;
+        }
+        let taken = self.lazy.remove(node, addr, page);
+        debug_assert!(taken.is_some(), "found above");
+        if !self.try_pool(node, addr, area, false) && self.free.release(addr, area.size).is_err() {
+            // Cannot happen for a lazy area (its range is neither free nor busy); undo.
+            self.lazy.insert(node, addr, area, page);
+            let _ = self.lazy.remove(instead.node, instead.addr, page);
+            let _ = self.free.release(instead.addr, instead.area.size);
+            return false;
+        }
+        true
+    }
+
     /// The kernel's purge took the lazy area at `addr` where the model's took `instead`, an
     /// area of the same size: the detach race picked a different set than free order says (the
     /// kernel detaches the nodes' lazy lists one after another, so a node detached later has

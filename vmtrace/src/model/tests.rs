@@ -477,6 +477,34 @@ fn swap_purged_trades_lazy_for_purged() {
     m.check_invariants().unwrap();
 }
 
+/// `swap_purged_sized` trades areas of different sizes: the purged one comes back lazy, the
+/// lazy one is purged into its own pool, and the backlog changes by the size difference.
+#[test]
+fn swap_purged_sized_trades_areas_of_different_sizes() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let req = |pages: u64| AllocRequest {
+        size: pages * PAGE,
+        ..one_page_req(0, &p)
+    };
+    let small = m.alloc(&req(1)).unwrap().unwrap().addr;
+    let big = m.alloc(&req(3)).unwrap().unwrap().addr;
+    m.free(small).unwrap();
+    m.free(big).unwrap();
+    let got = m.purge_oldest(false, 1);
+    assert_eq!(got.batch.len(), 1);
+    assert_eq!(m.lazy_pages(), 3, "the big one waits");
+    assert!(m.swap_purged_sized(big, &got.batch[0]));
+    assert_eq!(m.lazy_pages(), 1, "now the small one does");
+    assert!(m.lazy().find(small).is_some());
+    assert!(m.pools().iter().any(|(_, s, z)| s == big && z == 3 * PAGE));
+    m.check_invariants().unwrap();
+    assert!(
+        !m.swap_purged_sized(big, &got.batch[0]),
+        "big is not lazy any more"
+    );
+}
+
 /// A purge split node by node ends where the whole purge ends, and each node's step subtracts
 /// only that node's batch; frees after the start stay out of every batch.
 #[test]

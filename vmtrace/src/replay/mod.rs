@@ -235,6 +235,9 @@ pub struct Report {
     /// Purges started (pools decayed, batches detached) where the drain work item holding
     /// their event started, read ahead from the `purge_work` probe's records.
     pub purges_started_at_work: u64,
+    /// Purges whose batch swapped one area for another of a different size so that the backlog
+    /// after the purge matches the kernel's (`Replayer::reconcile_batch`).
+    pub batches_reconciled: u64,
     /// Pool entries hidden as missing in the kernel and put back when the kernel was seen
     /// taking one of them from its pool.
     pub pool_entries_restored: u64,
@@ -510,6 +513,8 @@ struct Replayer<'o> {
     pool_skip: Option<(u32, u64, Vec<u64>)>,
     /// Purges started where their drain work item started.
     work_starts: u64,
+    /// Purges whose batch was reconciled with the backlog after them (`reconcile_batch`).
+    reconciled: u64,
     /// When the started purge is predicted to detach node 0's lazy list (item start plus
     /// [`ReplayOptions::detach_delay_ns`]; later nodes add `detach_step_ns` each).
     detach_at: Option<u64>,
@@ -596,6 +601,7 @@ impl<'o> Replayer<'o> {
             early_lazy_before: None,
             early_purges: 0,
             work_starts: 0,
+            reconciled: 0,
             detach_at: None,
             hidden_pools: Vec::new(),
             pools_restored: 0,
@@ -1146,6 +1152,9 @@ impl<'o> Replayer<'o> {
             got.to_free_tree += more.to_free_tree;
             got.batch.extend(more.batch);
         }
+        if !full {
+            self.reconcile_batch(&mut got, ahead);
+        }
         self.prev_batch = std::mem::replace(&mut self.last_batch, got.batch.clone());
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
         self.free_log.clear();
@@ -1356,6 +1365,60 @@ impl<'o> Replayer<'o> {
         self.work_starts += 1;
     }
 
+    /// The first free after a purge event reports the kernel's backlog after the purge. When
+    /// the model keeps a different number of pages lazy, its batch (right in count, see the
+    /// top-up) held other areas than the kernel's: the detach race decides which of the frees
+    /// around the detach a node's batch takes, and with mixed sizes that shows in pages. One
+    /// lazy area and one batch area whose sizes differ by exactly the difference are swapped,
+    /// the newest of each first (the frees around the detach). Nothing is done when no pair
+    /// fits, or when the free is not in the model.
+    fn reconcile_batch(&mut self, got: &mut crate::model::Purged, ahead: &dyn DrainLookup) {
+        let page = self.model.params().page_size;
+        let Some(&(va, nr)) = ahead.frees_ahead(1).first() else {
+            return;
+        };
+        let Some(own) = self.model.busy().get(&va).map(|b| b.size / page) else {
+            return;
+        };
+        let Some(kernel_left) = nr.checked_sub(own) else {
+            return;
+        };
+        let model_left = self.model.lazy_pages();
+        if model_left == kernel_left {
+            return;
+        }
+        let delta = model_left as i64 - kernel_left as i64;
+        let mut lazy: Vec<(u64, u64, u64)> = self
+            .model
+            .lazy()
+            .iter()
+            .map(|(_, a, l)| (l.seq, a, l.size / page))
+            .collect();
+        lazy.sort_unstable_by_key(|&(seq, _, _)| std::cmp::Reverse(seq));
+        let mut batch: Vec<crate::model::PurgedArea> = got.batch.clone();
+        batch.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
+        for &(_, a, a_pages) in lazy.iter().take(RECONCILE_SPAN) {
+            for b in batch.iter().take(RECONCILE_SPAN) {
+                if a_pages as i64 - (b.area.size / page) as i64 != delta {
+                    continue;
+                }
+                let Some((node, area)) = self.model.lazy().find(a) else {
+                    continue;
+                };
+                if self.model.swap_purged_sized(a, b) {
+                    self.reconciled += 1;
+                    got.batch.retain(|x| x.addr != b.addr);
+                    got.batch.push(crate::model::PurgedArea {
+                        addr: a,
+                        node,
+                        area,
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
     /// Puts every pool hidden whole since the last purge back, in its order, before a purge
     /// decays the pools: the kernel decays `len >> 2` entries from each pool's head, so a pool
     /// the model holds shorter than the kernel's decays other entries.
@@ -1514,6 +1577,7 @@ impl<'o> Replayer<'o> {
             locks: self.model.locks().clone(),
             early_purges: self.early_purges,
             purges_started_at_work: self.work_starts,
+            batches_reconciled: self.reconciled,
             pool_entries_restored: self.pools_restored,
             purged_late: self.late_purged,
             early_split_purges: self.early_split,
@@ -1570,6 +1634,9 @@ impl std::fmt::Display for AllocContext {
 /// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
 /// such set (the lowest node ids among equals), or `None` when none does or there are too many
 /// nodes to try every set.
+/// How many of the newest lazy and batch areas `Replayer::reconcile_batch` pairs up.
+const RECONCILE_SPAN: usize = 32;
+
 fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
     if nodes.len() > 16 {
         return None;
