@@ -66,6 +66,20 @@ fn scenario(work_record: Option<(u32, u64)>) -> Report {
 
 /// [`scenario`] with another predicted delay from the drain item's start to its detach.
 fn scenario_with(work_record: Option<(u32, u64)>, detach_delay_ns: u64) -> Report {
+    let mut t = three_freed_and_purged(4);
+    if let Some((pid, start)) = work_record {
+        t += &work(pid, start, 5100);
+    }
+    let opts = ReplayOptions {
+        detach_delay_ns,
+        ..options()
+    };
+    replay(t.as_bytes(), &opts).expect("replay")
+}
+
+/// The preamble, then A, B, C allocated at the bottom of the range, freed (C reporting
+/// `c_nr_lazy`) and purged by a kworker's event with `npurged` 3.
+fn three_freed_and_purged(c_nr_lazy: u64) -> String {
     let (a, b, c) = (
         VMALLOC_START,
         VMALLOC_START + AREA,
@@ -77,18 +91,18 @@ fn scenario_with(work_record: Option<(u32, u64)>, detach_delay_ns: u64) -> Repor
     t += &alloc(3200, c);
     t += &free(4000, a, 4);
     t += &free(4100, b, 8);
-    t += &free(4200, c, 4);
+    t += &free(4200, c, c_nr_lazy);
     t += &purge(5000, KWORKER, 3);
-    if let Some((pid, start)) = work_record {
-        t += &work(pid, start, 5100);
-    }
-    let opts = ReplayOptions {
+    t
+}
+
+/// Strict replay with `lazy_max_pages` 4, so that B's free schedules the drain.
+fn options() -> ReplayOptions {
+    ReplayOptions {
         lazy_max_pages: Some(4),
         strict: true,
-        detach_delay_ns,
         ..ReplayOptions::default()
-    };
-    replay(t.as_bytes(), &opts).expect("replay")
+    }
 }
 
 #[test]
@@ -171,29 +185,16 @@ fn a_work_record_of_another_task_does_not_match() {
 /// a decay), so B and A go back, and the next allocation, B, is predicted again.
 #[test]
 fn a_hidden_pool_seen_in_use_is_put_back() {
-    let (a, b, c, d) = (
-        VMALLOC_START,
+    let (b, c, d) = (
         VMALLOC_START + AREA,
         VMALLOC_START + 2 * AREA,
         VMALLOC_START + 3 * AREA,
     );
-    let mut t = preamble();
-    t += &alloc(3000, a);
-    t += &alloc(3100, b);
-    t += &alloc(3200, c);
-    t += &free(4000, a, 4);
-    t += &free(4100, b, 8);
-    t += &free(4200, c, 12);
-    t += &purge(5000, KWORKER, 3);
+    let mut t = three_freed_and_purged(12);
     t += &alloc(6000, d);
     t += &alloc(6100, c);
     t += &alloc(6200, b);
-    let opts = ReplayOptions {
-        lazy_max_pages: Some(4),
-        strict: true,
-        ..ReplayOptions::default()
-    };
-    let r = replay(t.as_bytes(), &opts).expect("replay");
+    let r = replay(t.as_bytes(), &options()).expect("replay");
     assert_eq!(r.purges[0].pooled, 3, "{:?}", r.purges[0]);
     assert_eq!(r.pool_entries_restored, 2);
     // A, B, C, then D and C missed, B predicted from the restored pool.

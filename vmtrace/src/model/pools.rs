@@ -66,6 +66,13 @@ impl Pools {
             .and_then(|i| self.lists[i].front().copied())
     }
 
+    /// The entries of `node`'s pool for `size`, head first.
+    pub fn entries(&self, node: u32, size: u64) -> impl Iterator<Item = u64> + '_ {
+        self.slot(node, size)
+            .into_iter()
+            .flat_map(move |i| self.lists[i].iter().copied())
+    }
+
     /// `node_pool_del_va`: looks only at the head; takes it if aligned, else rotates it.
     pub fn take_head(&mut self, node: u32, size: u64, align: u64) -> PoolLookup {
         let Some(i) = self.slot(node, size) else {

@@ -257,6 +257,23 @@ fn one_page_req(cpu: u32, p: &Params) -> AllocRequest {
     }
 }
 
+/// `n` one-page areas allocated on CPU 0, lowest first.
+fn one_page_areas(m: &mut Model, p: &Params, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| m.alloc(&one_page_req(0, p)).unwrap().unwrap().addr)
+        .collect()
+}
+
+/// `n` one-page areas allocated, freed and purged into node 0's pool.
+fn pooled_one_page_areas(m: &mut Model, p: &Params, n: usize) -> Vec<u64> {
+    let addrs = one_page_areas(m, p, n);
+    for &a in &addrs {
+        m.free(a).unwrap();
+    }
+    m.purge(false);
+    addrs
+}
+
 /// Hidden space (what replay found unavailable in the kernel) is skipped by the lowest fit,
 /// counted in the coverage invariant, and comes back on `unhide` or a full decay.
 #[test]
@@ -320,13 +337,7 @@ fn a_range_hidden_after_every_purge_stays_hidden() {
 fn decay_overlapping_frees_only_the_entries_in_the_range() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
-    let addrs: Vec<u64> = (0..4)
-        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
-        .collect();
-    for &a in &addrs {
-        m.free(a).unwrap();
-    }
-    m.purge(false);
+    let addrs = pooled_one_page_areas(&mut m, &p, 4);
     assert_eq!(m.pools().objects(), 4);
     let (first, second) = (addrs[0], addrs[1]);
     assert_eq!(m.decay_overlapping(first, PAGE), 1);
@@ -347,13 +358,7 @@ fn decay_overlapping_frees_only_the_entries_in_the_range() {
 fn restore_pooled_puts_hidden_entries_back_in_order() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
-    let addrs: Vec<u64> = (0..3)
-        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
-        .collect();
-    for &a in &addrs {
-        m.free(a).unwrap();
-    }
-    m.purge(false);
+    pooled_one_page_areas(&mut m, &p, 3);
     let order: Vec<u64> = m.pools().iter().map(|(_, s, _)| s).collect();
     assert_eq!(order.len(), 3);
     for &a in &order {
@@ -377,9 +382,7 @@ fn restore_pooled_puts_hidden_entries_back_in_order() {
 fn purge_late_oldest_takes_the_oldest_and_decays_nothing() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
-    let addrs: Vec<u64> = (0..8)
-        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
-        .collect();
+    let addrs = one_page_areas(&mut m, &p, 8);
     for &a in &addrs[..4] {
         m.free(a).unwrap();
     }

@@ -513,6 +513,8 @@ struct Replayer<'o> {
     pool_skip: Option<(u32, u64, Vec<u64>)>,
     /// Purges started where their drain work item started.
     work_starts: u64,
+    /// The next purge event `(pid, ts)` and the start of the drain item holding it.
+    next_item: Option<((u32, u64), u64)>,
     /// Purges whose batch was reconciled with the backlog after them (`reconcile_batch`).
     reconciled: u64,
     /// When the started purge is predicted to detach node 0's lazy list (item start plus
@@ -534,10 +536,10 @@ struct Replayer<'o> {
     nr_lazy_reordered: u64,
     /// The areas the model's last purge took (the early one in progress included), for
     /// [`Replayer::swap_purged`].
+    last_batch: Vec<crate::model::PurgedArea>,
     /// The batch of the purge before: a pair of purges (the second taking what raced the
     /// first's detach) splits the kernel's areas between them otherwise than the model's.
     prev_batch: Vec<crate::model::PurgedArea>,
-    last_batch: Vec<crate::model::PurgedArea>,
     swapped: u64,
     /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
     free_log: VecDeque<u64>,
@@ -601,6 +603,7 @@ impl<'o> Replayer<'o> {
             early_lazy_before: None,
             early_purges: 0,
             work_starts: 0,
+            next_item: None,
             reconciled: 0,
             detach_at: None,
             hidden_pools: Vec::new(),
@@ -908,16 +911,13 @@ impl<'o> Replayer<'o> {
         let node32 = p.layout.cpu_to_node(a.ctx.cpu);
         let ahead_of_pick: Vec<u64> = match &pred_addr {
             Some(g) if g.placement == Placement::Pool => {
-                let list: Vec<u64> = self
-                    .model
-                    .pools()
-                    .iter()
-                    .filter(|&(n, _, z)| n == node32 && z == size)
-                    .map(|(_, s, _)| s)
-                    .collect();
-                match list.iter().position(|&s| s == addr) {
-                    Some(k) => list[..k].to_vec(),
-                    None => Vec::new(),
+                let pool = self.model.pools();
+                if pool.entries(node32, size).any(|s| s == addr) {
+                    pool.entries(node32, size)
+                        .take_while(|&s| s != addr)
+                        .collect()
+                } else {
+                    Vec::new()
                 }
             }
             _ => Vec::new(),
@@ -1221,13 +1221,7 @@ impl<'o> Replayer<'o> {
     fn hide_unavailable(&mut self, req: &AllocRequest, addr: u64, model_pool_hit: bool) {
         let node = self.model.params().layout.cpu_to_node(req.cpu);
         if model_pool_hit {
-            let stale: Vec<u64> = self
-                .model
-                .pools()
-                .iter()
-                .filter(|&(n, _, z)| n == node && z == req.size)
-                .map(|(_, s, _)| s)
-                .collect();
+            let stale: Vec<u64> = self.model.pools().entries(node, req.size).collect();
             for &s in &stale {
                 if self.model.hide(s, req.size, node) {
                     self.hidden += 1;
@@ -1347,18 +1341,27 @@ impl<'o> Replayer<'o> {
         if self.early.is_some() || self.pending_failure.is_some() {
             return;
         }
-        let Some(item) = ahead
-            .next_purge()
-            .and_then(|(pid, pts)| ahead.drain_holding(pid, pts))
-        else {
+        let Some(event) = ahead.next_purge() else {
             return;
         };
-        if item.start_ns > ts || item.start_ns < self.last_purge_ts {
+        // Looked up once per purge event, not on every allocation and free before it (a miss
+        // is asked again: the item's record may not have been read ahead yet).
+        let start = match self.next_item {
+            Some((e, start)) if e == event => start,
+            _ => {
+                let Some(item) = ahead.drain_holding(event.0, event.1) else {
+                    return;
+                };
+                self.next_item = Some((event, item.start_ns));
+                item.start_ns
+            }
+        };
+        if start > ts || start < self.last_purge_ts {
             return;
         }
         self.restore_hidden_pools();
         self.early_lazy_before = Some(self.model.lazy().objects());
-        self.detach_at = Some(item.start_ns.saturating_add(self.opts.detach_delay_ns));
+        self.detach_at = Some(start.saturating_add(self.opts.detach_delay_ns));
         self.early_is_split = false;
         let limit = ahead.next_npurged().map(|n| n as usize);
         self.early = Some(self.model.purge_start(false, limit));
@@ -1631,12 +1634,12 @@ impl std::fmt::Display for AllocContext {
     }
 }
 
-/// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
-/// such set (the lowest node ids among equals), or `None` when none does or there are too many
-/// nodes to try every set.
 /// How many of the newest lazy and batch areas `Replayer::reconcile_batch` pairs up.
 const RECONCILE_SPAN: usize = 32;
 
+/// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
+/// such set (the lowest node ids among equals), or `None` when none does or there are too many
+/// nodes to try every set.
 fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
     if nodes.len() > 16 {
         return None;
