@@ -70,6 +70,9 @@ pub mod work {
     pub const START_CPU: usize = 4;
     /// `vn->nr_purged` after the call (fexit rung only; `u64::MAX` when not read).
     pub const NR_PURGED: usize = 5;
+    /// First TLB-flush cross-call a `drain_vmap_area_work` item queued (`csd:csd_queue_cpu`),
+    /// ns; `u64::MAX` when none was seen.
+    pub const FLUSH_NS: usize = 6;
 }
 
 /// Field slots of a [`kind::PT_PAGE`] event.
@@ -262,6 +265,13 @@ pub mod names {
     pub const VMAP_MAP_RANGES: &str = "VMAP_MAP_RANGES";
     pub const VMALLOC_PAGE_RANGES: &str = "VMALLOC_PAGE_RANGES";
     pub const WORK_FUNCS: &str = "WORK_FUNCS";
+    /// Addresses of the TLB-flush cross-call functions (`do_flush_tlb_all`,
+    /// `do_kernel_range_flush`) the purge's `flush_tlb_kernel_range` queues.
+    pub const FLUSH_FUNCS: &str = "FLUSH_FUNCS";
+    pub const CSD_QUEUE_LAYOUT: &str = "CSD_QUEUE_LAYOUT";
+    pub const PROG_CSD_QUEUE: &str = "csd_queue_cpu";
+    pub const PROG_RAW_CSD_QUEUE: &str = "raw_csd_queue_cpu";
+    pub const CSD_QUEUE_RAW_LAYOUT: &str = "CSD_QUEUE_RAW_LAYOUT";
     pub const PAGE_FILTER: &str = "PAGE_FILTER";
     pub const NR_PURGED_OFFSET: &str = "NR_PURGED_OFFSET";
     pub const PROG_LOCK_BEGIN: &str = "lock_contention_begin";

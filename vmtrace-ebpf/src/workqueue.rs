@@ -5,6 +5,11 @@
 //!
 //! The start is keyed by the work item's address, not by CPU: a work item on an unbound
 //! workqueue may be picked up by a worker that later migrates.
+//!
+//! A drain item also gets the time of its first TLB-flush cross-call (`csd:csd_queue_cpu` for
+//! `do_flush_tlb_all` or `do_kernel_range_flush`, queued by the same thread): the purge's
+//! `flush_tlb_kernel_range` comes right after its last lazy-list detach, which has no event of
+//! its own, and replay needs that moment to tell which racing frees the purge took.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
@@ -37,6 +42,15 @@ static WORK_FUNC_OFFSET: Global<u64> = Global::new(u64::MAX);
 /// Addresses of `drain_vmap_area_work` and `purge_vmap_node` (0 = absent).
 #[unsafe(no_mangle)]
 static WORK_FUNCS: Global<[u64; 2]> = Global::new([0; 2]);
+/// `cpu, callsite, func` of `csd:csd_queue_cpu`; only `func` is read.
+#[unsafe(no_mangle)]
+static CSD_QUEUE_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// `cpu, callsite, func` as raw argument slots.
+#[unsafe(no_mangle)]
+static CSD_QUEUE_RAW_LAYOUT: Global<TpLayout> = Global::new(TpLayout::EMPTY);
+/// Addresses of `do_flush_tlb_all` and `do_kernel_range_flush` (0 = absent).
+#[unsafe(no_mangle)]
+static FLUSH_FUNCS: Global<[u64; 2]> = Global::new([0; 2]);
 /// Byte offset of `nr_purged` in `struct vmap_node` (BTF), for the fexit rung; `u64::MAX` if
 /// unknown.
 #[unsafe(no_mangle)]
@@ -51,6 +65,11 @@ struct Started {
 
 #[map]
 static WORK_START: HashMap<u64, Started> = HashMap::with_max_entries(1024, 0);
+
+/// Drain items running, by thread id: the time of the first TLB-flush cross-call each queued
+/// (0 until then). Keyed by thread because `csd_queue_cpu` knows only who queued the call.
+#[map]
+static DRAIN_FLUSH: HashMap<u32, u64> = HashMap::with_max_entries(256, 0);
 
 /// Purge-node calls in flight on the richer rungs, by thread id: `(vn, start)`.
 #[map]
@@ -91,6 +110,9 @@ fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
         cpu: this_cpu(),
     };
     let _ = WORK_START.insert(work, s, 0);
+    if function == WORK_FUNCS.load()[0] {
+        let _ = DRAIN_FLUSH.insert(bpf_get_current_pid_tgid() as u32, 0, 0);
+    }
     0
 }
 
@@ -115,6 +137,17 @@ fn on_execute_end<const RAW: bool>(ctx: TracePointContext) -> u32 {
     v[w::DURATION_NS] = now_ns().saturating_sub(s.ts);
     v[w::START_CPU] = s.cpu;
     v[w::NR_PURGED] = u64::MAX;
+    v[w::FLUSH_NS] = u64::MAX;
+    if function == WORK_FUNCS.load()[0] {
+        let tid = bpf_get_current_pid_tgid() as u32;
+        // SAFETY: map value copied out before the delete.
+        if let Some(&t) = unsafe { DRAIN_FLUSH.get(tid) } {
+            if t != 0 {
+                v[w::FLUSH_NS] = t;
+            }
+        }
+        let _ = DRAIN_FLUSH.remove(tid);
+    }
     match emit_values(&ctx, kind::WORK, &v) {
         Ok(()) => 0,
         Err(_) => 1,
@@ -134,6 +167,35 @@ tracepoint_programs!(
     workqueue_execute_end,
     raw_workqueue_execute_end,
     on_execute_end
+);
+
+#[inline(always)]
+fn on_csd_queue<const RAW: bool>(ctx: TracePointContext) -> u32 {
+    let layout = layout_of::<RAW>(&CSD_QUEUE_LAYOUT, &CSD_QUEUE_RAW_LAYOUT);
+    // Every cross-CPU call in the system passes here: two compares turn almost all away.
+    let func = field::<RAW, 2>(&ctx, layout);
+    let f = FLUSH_FUNCS.load();
+    if func == 0 || (func != f[0] && func != f[1]) {
+        return 0;
+    }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(t) = DRAIN_FLUSH.get_ptr_mut(tid) {
+        // SAFETY: a value of this map, written only by this thread.
+        unsafe {
+            if *t == 0 {
+                *t = now_ns();
+            }
+        }
+    }
+    0
+}
+
+tracepoint_programs!(
+    "csd",
+    "csd_queue_cpu",
+    csd_queue_cpu,
+    raw_csd_queue_cpu,
+    on_csd_queue
 );
 
 #[inline(always)]
@@ -165,6 +227,7 @@ fn node_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
     v[w::DURATION_NS] = now_ns().saturating_sub(s[1]);
     v[w::START_CPU] = s[2];
     v[w::NR_PURGED] = nr_purged;
+    v[w::FLUSH_NS] = u64::MAX;
     emit_values(ctx, kind::WORK, &v)
 }
 

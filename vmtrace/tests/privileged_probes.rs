@@ -154,7 +154,7 @@ fn purges_from_drain_work_match_a_work_item() {
         return;
     }
     let (_dir, out) = record_contending_mix("raw");
-    let (_header, records, footer) = read_trace(&out);
+    let (header, records, footer) = read_trace(&out);
     let works: Vec<_> = records
         .iter()
         .filter_map(|r| match r {
@@ -215,6 +215,48 @@ fn purges_from_drain_work_match_a_work_item() {
     );
     assert!(!worker_purges.is_empty(), "no drain purge in 4 s of churn");
     assert_eq!(inner_matched, inner.len(), "unmatched drain purges");
+
+    // Each drain item that ran a purge queued the purge's TLB flush (csd:csd_queue_cpu for
+    // do_flush_tlb_all or do_kernel_range_flush) between its start and its end.
+    let note = ladder_entry(&header.probes, "purge_work")
+        .note
+        .clone()
+        .unwrap_or_default();
+    assert!(note.contains("timed at their TLB flush"), "{note}");
+    let drains: Vec<_> = works
+        .iter()
+        .filter(|w| w.function == "drain_vmap_area_work")
+        .collect();
+    for w in &drains {
+        if let Some(f) = w.flush_ns {
+            assert!(
+                w.start_ns <= f && f <= w.start_ns + w.duration_ns,
+                "flush outside its item: {w:?}"
+            );
+        }
+    }
+    let purging: Vec<_> = drains
+        .iter()
+        .filter(|w| {
+            worker_purges.iter().any(|p| {
+                p.npurged > 0
+                    && w.ctx.pid == p.ctx.pid
+                    && w.start_ns <= p.ctx.ts_ns
+                    && p.ctx.ts_ns <= w.start_ns + w.duration_ns
+            })
+        })
+        .collect();
+    let flushed = purging.iter().filter(|w| w.flush_ns.is_some()).count();
+    println!(
+        "drain items that purged: {}; with a TLB flush time: {flushed}",
+        purging.len()
+    );
+    assert!(!purging.is_empty());
+    assert!(
+        flushed * 100 >= purging.len() * 95,
+        "{flushed} of {} purging drain items have a flush time",
+        purging.len()
+    );
 }
 
 fn ladder_entry<'a>(probes: &'a [ProbeInfo], name: &str) -> &'a ProbeInfo {

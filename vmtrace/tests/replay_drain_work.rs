@@ -49,8 +49,14 @@ fn purge(ts: u64, pid: u32, npurged: u32) -> String {
 }
 
 fn work(pid: u32, start: u64, end: u64) -> String {
+    work_flushed(pid, start, end, None)
+}
+
+/// A drain item's record, with the time of its TLB flush when given.
+fn work_flushed(pid: u32, start: u64, end: u64, flush: Option<u64>) -> String {
+    let flush = flush.map_or(String::new(), |f| format!(",\"flush_ns\":{f}"));
     format!(
-        "{{\"type\":\"work\",\"ts_ns\":{end},\"cpu\":1,\"tgid\":{pid},\"pid\":{pid},\"comm\":\"kworker/1:1\",\"function\":\"drain_vmap_area_work\",\"function_addr\":\"0xffffffff81609280\",\"work\":\"0xffffffff83133180\",\"start_ns\":{start},\"duration_ns\":{},\"start_cpu\":1}}\n",
+        "{{\"type\":\"work\",\"ts_ns\":{end},\"cpu\":1,\"tgid\":{pid},\"pid\":{pid},\"comm\":\"kworker/1:1\",\"function\":\"drain_vmap_area_work\",\"function_addr\":\"0xffffffff81609280\",\"work\":\"0xffffffff83133180\",\"start_ns\":{start},\"duration_ns\":{}{flush},\"start_cpu\":1}}\n",
         end - start
     )
 }
@@ -168,6 +174,25 @@ fn a_free_within_the_detach_delay_is_predicted_in_the_batch() {
     // A free later than the delay is not: with 40 ns, C's free (at 50 ns) came after the detach.
     let late = scenario_with(Some((KWORKER, 4150)), 40);
     assert_eq!(late.purges[0].predicted_npurged, 2);
+}
+
+#[test]
+fn a_recorded_tlb_flush_bounds_the_detach() {
+    // The item starts 50 ns before C's free; the default delay alone would put C in the batch.
+    // The last node (1) detaches at the flush and node 0, C's node, no later: a flush before
+    // C's free leaves it for the next purge, one after it takes it.
+    let with_flush = |flush: u64| {
+        let mut t = three_freed_and_purged(4);
+        t += &work_flushed(KWORKER, 4150, 5100, Some(flush));
+        replay(t.as_bytes(), &options()).expect("replay")
+    };
+    let early = with_flush(4190);
+    assert_eq!(early.purges_started_at_work, 1);
+    assert_eq!(early.purges[0].predicted_npurged, 2);
+    assert_eq!((early.npurged.compared, early.npurged.agreed), (1, 0));
+    let late = with_flush(4250);
+    assert_eq!(late.purges[0].predicted_npurged, 3);
+    assert_eq!((late.npurged.compared, late.npurged.agreed), (1, 1));
 }
 
 #[test]

@@ -403,6 +403,7 @@ fn sample_records() -> Vec<Record> {
             duration_ns: 550,
             start_cpu: 0,
             nr_purged: None,
+            flush_ns: Some(1_000_000_300),
         }),
         Record::Work(Work {
             ctx: ctx(1_000_000_710),
@@ -413,6 +414,7 @@ fn sample_records() -> Vec<Record> {
             duration_ns: 5,
             start_cpu: 1,
             nr_purged: Some(12),
+            flush_ns: None,
         }),
         Record::PtPage(PtPage {
             ctx: ctx(1_000_000_800),
@@ -664,6 +666,7 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/probe.logical",
             "#/$defs/probe.note",
             "#/$defs/probe.refused",
+            "#/$defs/work.flush_ns",
             "#/$defs/work.nr_purged",
         ]
     );
@@ -832,7 +835,14 @@ fn missing_required_members_are_refused() {
     for kind in common::KINDS {
         let full = sample(kind);
         for key in full.as_object().unwrap().keys() {
-            if key == "command_exit_code" || key == "kernel_run_stats" || key == "ladder" {
+            if [
+                "command_exit_code",
+                "kernel_run_stats",
+                "ladder",
+                "flush_ns",
+            ]
+            .contains(&key.as_str())
+            {
                 continue;
             }
             let mut v = full.clone();

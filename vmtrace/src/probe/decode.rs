@@ -83,6 +83,7 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
             duration_ns: f[w::DURATION_NS],
             start_cpu: f[w::START_CPU] as u32,
             nr_purged: (f[w::NR_PURGED] != u64::MAX).then_some(f[w::NR_PURGED]),
+            flush_ns: (f[w::FLUSH_NS] != u64::MAX).then_some(f[w::FLUSH_NS]),
         }),
         kind::PT_PAGE => Record::PtPage(PtPage {
             ctx,

@@ -219,7 +219,7 @@ struct LadderTp {
     fields: &'static [&'static str],
 }
 
-const LADDER_TPS: [LadderTp; 5] = [
+const LADDER_TPS: [LadderTp; 6] = [
     LadderTp {
         category: "lock",
         name: "contention_begin",
@@ -250,7 +250,22 @@ const LADDER_TPS: [LadderTp; 5] = [
         global: names::PAGE_ALLOC_LAYOUT,
         fields: &["pfn", "order", "gfp_flags"],
     },
+    LadderTp {
+        category: "csd",
+        name: "csd_queue_cpu",
+        global: names::CSD_QUEUE_LAYOUT,
+        fields: &["cpu", "callsite", "func"],
+    },
 ];
+
+/// The purge's TLB flush, timed for `drain_vmap_area_work` items on the tracepoint rung of
+/// `purge_work`: an add-on that attaches only with that rung, and whose failure costs the flush
+/// times alone.
+const FLUSH_TP: ProgSpec = ProgSpec {
+    program: names::PROG_CSD_QUEUE,
+    target: "csd:csd_queue_cpu",
+    ret: false,
+};
 
 /// vmap functions that take a vmap lock (§2.4), plus the page-table path under vmap mapping:
 /// a contention whose stack holds none of them is dropped in the kernel.
@@ -311,6 +326,9 @@ pub const VMALLOC_PAGE_PATH: [&str; 3] = [
 ];
 /// Work functions of the purge path (`WORK_FUNCS` order).
 pub const WORK_FUNCTIONS: [&str; 2] = ["drain_vmap_area_work", "purge_vmap_node"];
+/// The cross-call functions x86's `flush_tlb_kernel_range` queues (`FLUSH_FUNCS` order): a full
+/// flush (the usual case, over 33 pages) or a ranged one.
+pub const FLUSH_FUNCTIONS: [&str; 2] = ["do_flush_tlb_all", "do_kernel_range_flush"];
 
 /// Builds a filter table from function names; missing functions are skipped (inlined on this
 /// build), or kept as empty slots with `keep_slots` so an index keeps its meaning.
@@ -515,6 +533,10 @@ impl LoadedProbes {
         let self_ranges = ksyms
             .as_ref()
             .map_or(RangeSet::EMPTY, |k| range_set(k, &SELF_FUNCTIONS, false));
+        let flush_funcs = ksyms.as_ref().map_or([0; 2], |k| {
+            FLUSH_FUNCTIONS.map(|f| k.addr_of(f).unwrap_or(0))
+        });
+        loader.override_global(names::FLUSH_FUNCS, &flush_funcs, true);
         let (lock_ranges, pt_ranges, map_ranges, page_ranges, work_funcs) = match &ksyms {
             Some(k) => {
                 let pt_on_tracepoint = choices
@@ -662,6 +684,33 @@ impl LoadedProbes {
                 }
             }
         }
+        let flush = choices
+            .iter()
+            .any(|c| c.logical.name == "purge_work" && c.rung == Rung::Tracepoint)
+            .then(|| {
+                attach_flush(
+                    &mut ebpf,
+                    &tp_missing,
+                    flush_funcs,
+                    btf.as_ref(),
+                    ksyms.as_ref(),
+                    &plans,
+                )
+            });
+        let flush_note = match flush {
+            Some(Ok((link, how))) => {
+                optional_links.push(link);
+                Some(format!(
+                    "drain items timed at their TLB flush ({FLUSH_TP_NAME}, {})",
+                    how.map_or("?", |h| h.name())
+                ))
+            }
+            Some(Err(why)) => {
+                log::warn!("purge_work: no TLB-flush times: {why}");
+                Some(format!("no TLB-flush times: {why}"))
+            }
+            None => None,
+        };
         for choice in &choices {
             if choice.rung == Rung::None
                 && choice.logical.name != "alloc_latency"
@@ -697,6 +746,14 @@ impl LoadedProbes {
                         .map(|(p, h)| h.program(p.program))
                         .collect::<Vec<_>>()
                         .join("+");
+                }
+            }
+            if choice.logical.name == "purge_work" {
+                if let Some(extra) = &flush_note {
+                    info.note = Some(match info.note.take() {
+                        Some(n) => format!("{n}; {extra}"),
+                        None => extra.clone(),
+                    });
                 }
             }
             infos.push(info);
@@ -845,6 +902,29 @@ impl LoadedProbes {
 }
 
 /// Loads and attaches one program of a ladder rung; returns its owned link.
+const FLUSH_TP_NAME: &str = "csd:csd_queue_cpu";
+
+/// Attaches [`FLUSH_TP`], or says why not.
+fn attach_flush(
+    ebpf: &mut Ebpf,
+    tp_missing: &[(String, String)],
+    funcs: [u64; 2],
+    btf: Option<&Btf>,
+    ksyms: Option<&Kallsyms>,
+    plans: &[RawPlan],
+) -> Result<(Box<dyn std::any::Any>, Option<Attached>), String> {
+    if let Some((_, why)) = tp_missing.iter().find(|(id, _)| id == FLUSH_TP.target) {
+        return Err(why.clone());
+    }
+    if funcs == [0; 2] {
+        return Err(format!(
+            "neither of {} in kallsyms",
+            FLUSH_FUNCTIONS.join(", ")
+        ));
+    }
+    attach_one(ebpf, Rung::Tracepoint, &FLUSH_TP, btf, ksyms, plans)
+}
+
 fn attach_one(
     ebpf: &mut Ebpf,
     rung: Rung,

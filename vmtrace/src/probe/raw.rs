@@ -45,7 +45,7 @@ pub struct RawTwin {
     pub direct_kind: u32,
 }
 
-pub const TWINS: [RawTwin; 8] = [
+pub const TWINS: [RawTwin; 9] = [
     RawTwin {
         target: "vmalloc:alloc_vmap_area",
         perf_program: names::PROG_ALLOC,
@@ -116,6 +116,15 @@ pub const TWINS: [RawTwin; 8] = [
         layout_global: names::PAGE_ALLOC_RAW_LAYOUT,
         // The `struct page` address stands in for the pfn (see docs/trace-format.md).
         args: &["page", "order", "gfp_flags"],
+        direct_slots: 3,
+        direct_kind: 0,
+    },
+    RawTwin {
+        target: "csd:csd_queue_cpu",
+        perf_program: names::PROG_CSD_QUEUE,
+        raw_program: names::PROG_RAW_CSD_QUEUE,
+        layout_global: names::CSD_QUEUE_RAW_LAYOUT,
+        args: &["cpu", "callsite", "func"],
         direct_slots: 3,
         direct_kind: 0,
     },

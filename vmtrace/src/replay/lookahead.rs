@@ -36,6 +36,8 @@ pub struct DrainItem {
     pub pid: u32,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// The purge's TLB flush, right after its last lazy-list detach, if recorded.
+    pub flush_ns: Option<u64>,
 }
 
 impl DrainItem {
@@ -52,6 +54,7 @@ pub fn drain_item(rec: &Record) -> Option<DrainItem> {
             pid: w.ctx.pid,
             start_ns: w.start_ns,
             end_ns: w.start_ns.saturating_add(w.duration_ns),
+            flush_ns: w.flush_ns,
         }),
         _ => None,
     }

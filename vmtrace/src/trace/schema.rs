@@ -308,6 +308,12 @@ pub struct Work {
     /// `vn->nr_purged` after `purge_vmap_node` (fexit rung only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nr_purged: Option<u64>,
+    /// First TLB-flush cross-call this item queued (`csd:csd_queue_cpu` for
+    /// `do_flush_tlb_all` or `do_kernel_range_flush`), CLOCK_BOOTTIME ns: the purge's
+    /// `flush_tlb_kernel_range`, which comes right after the last node's lazy list was
+    /// detached. Absent when not probed, or when the item flushed nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_ns: Option<u64>,
 }
 
 /// Level of a kernel page-table page.
