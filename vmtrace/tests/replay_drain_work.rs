@@ -30,8 +30,12 @@ fn preamble() -> String {
 }
 
 fn alloc(ts: u64, addr: u64) -> String {
+    alloc_on(0, ts, addr)
+}
+
+fn alloc_on(cpu: u32, ts: u64, addr: u64) -> String {
     format!(
-        "{{\"type\":\"alloc\",\"ts_ns\":{ts},\"cpu\":0,\"tgid\":1,\"pid\":1,\"comm\":\"t\",\"addr\":\"{addr:#x}\",\"size\":{AREA},\"align\":4096,\"vstart\":\"{VMALLOC_START:#x}\",\"vend\":\"{VMALLOC_END:#x}\",\"failed\":0}}\n"
+        "{{\"type\":\"alloc\",\"ts_ns\":{ts},\"cpu\":{cpu},\"tgid\":1,\"pid\":1,\"comm\":\"t\",\"addr\":\"{addr:#x}\",\"size\":{AREA},\"align\":4096,\"vstart\":\"{VMALLOC_START:#x}\",\"vend\":\"{VMALLOC_END:#x}\",\"failed\":0}}\n"
     )
 }
 
@@ -193,6 +197,51 @@ fn a_recorded_tlb_flush_bounds_the_detach() {
     let late = with_flush(4250);
     assert_eq!(late.purges[0].predicted_npurged, 3);
     assert_eq!((late.npurged.compared, late.npurged.agreed), (1, 1));
+}
+
+/// Which racing free joins the batch. A and B are lazy when the item starts; then X (node 0's
+/// list) and Y (node 1's, allocated on CPU 1) are freed, X first, and the kernel purges three.
+/// The flush at 40 µs puts node 1's detach there and node 0's 20 µs before it, so Y (9 µs
+/// before its node's detach) joins and X (10 µs after its node's) does not: Y goes to node 1's
+/// pool, where the kernel's next CPU-1 allocation finds it. Without the flush the next free in
+/// order, X, joins, and that allocation is mispredicted.
+#[test]
+fn the_racing_free_that_beat_its_nodes_detach_joins() {
+    let (a, b, x, y) = (
+        VMALLOC_START,
+        VMALLOC_START + AREA,
+        VMALLOC_START + 2 * AREA,
+        VMALLOC_START + 3 * AREA,
+    );
+    let run = |flush: Option<u64>| {
+        let mut t = preamble();
+        t += &alloc(3000, a);
+        t += &alloc(3100, b);
+        t += &alloc(3200, x);
+        t += &alloc_on(1, 3300, y);
+        t += &free(4000, a, 4);
+        t += &free(4100, b, 8);
+        t += &free(30_000, x, 12);
+        t += &free(31_000, y, 16);
+        t += &purge(50_000, KWORKER, 3);
+        t += &work_flushed(KWORKER, 4150, 60_000, flush);
+        t += &alloc_on(1, 70_000, y);
+        replay(t.as_bytes(), &options()).expect("replay")
+    };
+    let timed = run(Some(40_000));
+    assert_eq!(timed.purges[0].predicted_npurged, 3);
+    assert_eq!((timed.npurged.compared, timed.npurged.agreed), (1, 1));
+    assert_eq!(
+        (timed.placement.compared, timed.placement.agreed),
+        (5, 5),
+        "{:?}",
+        timed.first_divergences
+    );
+    let untimed = run(None);
+    assert_eq!(
+        (untimed.placement.compared, untimed.placement.agreed),
+        (5, 4)
+    );
 }
 
 #[test]

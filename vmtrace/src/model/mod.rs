@@ -234,8 +234,13 @@ pub struct PurgeInProgress {
     remaining: Vec<u32>,
     /// Every area lazy at the start has a free order below this.
     start_cutoff: u64,
+    /// One past the free order of the last free before the start.
+    lazy_end: u64,
     /// The objects the whole purge takes (`npurged`), when known.
     limit: Option<usize>,
+    /// Per-node cutoffs that replace `cutoff` once [`PurgeInProgress::hold_joins`] ran: the
+    /// frees after the start join their node's batch one by one ([`Model::join_last_free`]).
+    node_cutoff: Option<Vec<u64>>,
     out: Purged,
 }
 
@@ -253,6 +258,32 @@ impl PurgeInProgress {
     /// What the purge did so far (`to_free_tree` without the decayed areas until it finishes).
     pub fn so_far(&self) -> &Purged {
         &self.out
+    }
+
+    /// How many frees after the start the purge takes beyond what was lazy then (its `npurged`
+    /// less the lazy areas at the start; 0 when unknown).
+    pub fn joiners(&self) -> usize {
+        let joined = self.cutoff.saturating_sub(self.lazy_end);
+        if self.limit.is_some() {
+            joined as usize
+        } else {
+            0
+        }
+    }
+
+    /// From now on no free joins a batch unless [`Model::join_last_free`] adds it to its
+    /// node's: the caller chooses which of the frees racing the detach were on each node's
+    /// list before it, instead of the next ones in free order.
+    pub fn hold_joins(&mut self) {
+        let nodes = self.remaining.iter().max().map_or(0, |&n| n as usize + 1);
+        self.node_cutoff = Some(vec![self.cutoff.min(self.lazy_end); nodes]);
+    }
+
+    fn cutoff_of(&self, node: u32) -> u64 {
+        match &self.node_cutoff {
+            Some(c) => c.get(node as usize).copied().unwrap_or(self.cutoff),
+            None => self.cutoff,
+        }
     }
 }
 
@@ -601,6 +632,11 @@ impl Model {
         Ok(())
     }
 
+    /// The node whose lazy tree the busy area at `addr` goes to when it is freed.
+    pub fn lazy_node_of(&self, addr: u64) -> Option<u32> {
+        self.busy.get(&addr).map(|a| self.lazy_node(addr, a.tag))
+    }
+
     /// The lazy tree an area goes to: its tagged node if valid, else `addr_to_node` (§2.3).
     fn lazy_node(&self, addr: u64, tag: u32) -> u32 {
         if !self.params.variant.has_pools() {
@@ -731,7 +767,9 @@ impl Model {
             cutoff,
             remaining: (0..nodes).collect(),
             start_cutoff: cutoff,
+            lazy_end: cutoff,
             limit: None,
+            node_cutoff: None,
             out: Purged::default(),
         };
         for node in 0..nodes {
@@ -955,7 +993,9 @@ impl Model {
             cutoff,
             remaining: (0..lazy_nodes).collect(),
             start_cutoff: self.free_seq + 1,
+            lazy_end: self.free_seq + 1,
             limit: None,
+            node_cutoff: None,
             out,
         }
     }
@@ -964,7 +1004,7 @@ impl Model {
     pub fn purge_batch_pages(&self, p: &PurgeInProgress, node: u32) -> u64 {
         if p.remaining.contains(&node) {
             self.lazy
-                .pages_before(node, p.cutoff, self.params.page_size)
+                .pages_before(node, p.cutoff_of(node), self.params.page_size)
         } else {
             0
         }
@@ -975,7 +1015,7 @@ impl Model {
     /// back to the free tree, and its pages leave `vmap_lazy_nr`. A no-op for a node already
     /// purged.
     pub fn purge_node(&mut self, p: &mut PurgeInProgress, node: u32) {
-        let cutoff = p.cutoff;
+        let cutoff = p.cutoff_of(node);
         self.purge_node_before(p, node, cutoff);
     }
 
@@ -1017,8 +1057,26 @@ impl Model {
                 .collect();
             seqs.sort_unstable();
             p.cutoff = seqs.get(left).copied().unwrap_or(p.start_cutoff);
+            p.node_cutoff = None;
         }
         true
+    }
+
+    /// Adds the area of the last free to its node's batch in `p` (after
+    /// [`PurgeInProgress::hold_joins`]): its list insertion came before that node's detach,
+    /// its event after the purge's start. No-op for a node already purged.
+    pub fn join_last_free(&mut self, p: &mut PurgeInProgress, node: u32) {
+        if !p.remaining.contains(&node) {
+            return;
+        }
+        let seq = self.free_seq + 1;
+        if let Some(c) = p
+            .node_cutoff
+            .as_mut()
+            .and_then(|c| c.get_mut(node as usize))
+        {
+            *c = (*c).max(seq);
+        }
     }
 
     fn purge_node_before(&mut self, p: &mut PurgeInProgress, node: u32, cutoff: u64) {

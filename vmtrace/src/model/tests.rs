@@ -400,6 +400,51 @@ fn purge_late_oldest_takes_the_oldest_and_decays_nothing() {
     m.check_invariants().unwrap();
 }
 
+/// With joins held, a purge that takes more than was lazy at its start takes the frees the
+/// caller joins to their node's batch, not the next ones in free order: here the node-1 free
+/// that came second, not the node-0 free that came first.
+#[test]
+fn held_joins_take_the_chosen_free_not_the_next() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let on0 = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
+    let on1 = m.alloc(&one_page_req(1, &p)).unwrap().unwrap().addr;
+    let first = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
+    m.free(first).unwrap();
+    // npurged 2: the area lazy at the start and one racing free.
+    let mut run = m.purge_start(false, Some(2));
+    assert_eq!(run.joiners(), 1);
+    run.hold_joins();
+    assert_eq!(m.free(on0).unwrap().node, 0);
+    let freed = m.free(on1).unwrap();
+    assert_eq!(freed.node, 1);
+    m.join_last_free(&mut run, freed.node);
+    let got = m.purge_finish(run);
+    assert_eq!(got.npurged, 2);
+    let mut batch: Vec<u64> = got.batch.iter().map(|a| a.addr).collect();
+    batch.sort_unstable();
+    let mut want = vec![first, on1];
+    want.sort_unstable();
+    assert_eq!(batch, want);
+    assert!(
+        m.lazy().find(on0).is_some(),
+        "the node-0 free missed its detach"
+    );
+    m.check_invariants().unwrap();
+    // Without the hold, the next free in order joins.
+    let mut m = Model::new(p.clone()).unwrap();
+    let on0 = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
+    let on1 = m.alloc(&one_page_req(1, &p)).unwrap().unwrap().addr;
+    let first = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
+    m.free(first).unwrap();
+    let run = m.purge_start(false, Some(2));
+    m.free(on0).unwrap();
+    m.free(on1).unwrap();
+    m.purge_finish(run);
+    assert!(m.lazy().find(on1).is_some());
+    assert!(m.lazy().find(on0).is_none());
+}
+
 /// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
 /// takes a pooled area back to its lazy tree.
 #[test]

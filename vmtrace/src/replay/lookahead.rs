@@ -70,8 +70,8 @@ pub struct Lookahead<R: BufRead> {
     /// not walk the whole buffer (replay asks on every free while a drain is pending).
     drains: VecDeque<(u64, DrainItem)>,
     purges: VecDeque<(u64, u32, u64, u32)>,
-    /// Frees among `buf` as `(index, va_start, nr_lazy)`, for [`DrainLookup::frees_ahead`].
-    frees: VecDeque<(u64, u64, u64)>,
+    /// Frees among `buf` as `(index, va_start, nr_lazy, ts)`, for [`DrainLookup::frees_ahead`].
+    frees: VecDeque<(u64, u64, u64, u64)>,
     /// Stream index of the next record read, and of the next handed out.
     read: u64,
     handed: u64,
@@ -141,7 +141,8 @@ impl<R: BufRead> Lookahead<R> {
                             self.purges
                                 .push_back((self.read, p.ctx.pid, p.ctx.ts_ns, p.npurged));
                         } else if let Record::Free(f) = rec {
-                            self.frees.push_back((self.read, f.va_start.0, f.nr_lazy));
+                            self.frees
+                                .push_back((self.read, f.va_start.0, f.nr_lazy, f.ctx.ts_ns));
                         }
                     }
                     self.read += 1;
@@ -167,7 +168,7 @@ impl<R: BufRead> Lookahead<R> {
         while self.purges.front().is_some_and(|&(i, _, _, _)| i <= at) {
             self.purges.pop_front();
         }
-        while self.frees.front().is_some_and(|&(i, _, _)| i <= at) {
+        while self.frees.front().is_some_and(|&(i, ..)| i <= at) {
             self.frees.pop_front();
         }
         self.fill();
@@ -195,13 +196,23 @@ impl<R: BufRead> Lookahead<R> {
 
     /// Up to `max` frees read ahead before the next purge event, as `(va_start, nr_lazy)`.
     pub fn frees_ahead(&self, max: usize) -> Vec<(u64, u64)> {
-        let stop = self.purges.front().map_or(u64::MAX, |&(i, _, _, _)| i);
-        self.frees
-            .iter()
-            .take_while(|&&(i, _, _)| i < stop)
+        self.frees_before_purge()
             .take(max)
-            .map(|&(_, va, nr)| (va, nr))
+            .map(|&(_, va, nr, _)| (va, nr))
             .collect()
+    }
+
+    /// Up to `max` frees read ahead before the next purge event, as `(va_start, ts_ns)`.
+    pub fn frees_ahead_timed(&self, max: usize) -> Vec<(u64, u64)> {
+        self.frees_before_purge()
+            .take(max)
+            .map(|&(_, va, _, ts)| (va, ts))
+            .collect()
+    }
+
+    fn frees_before_purge(&self) -> impl Iterator<Item = &(u64, u64, u64, u64)> {
+        let stop = self.purges.front().map_or(u64::MAX, |&(i, _, _, _)| i);
+        self.frees.iter().take_while(move |&&(i, ..)| i < stop)
     }
 }
 
@@ -218,6 +229,10 @@ pub trait DrainLookup {
     fn frees_ahead(&self, _max: usize) -> Vec<(u64, u64)> {
         Vec::new()
     }
+    /// Up to `max` frees read ahead before the next purge event, as `(va_start, ts_ns)`.
+    fn frees_ahead_timed(&self, _max: usize) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
 }
 
 impl<R: BufRead> DrainLookup for Lookahead<R> {
@@ -232,6 +247,9 @@ impl<R: BufRead> DrainLookup for Lookahead<R> {
     }
     fn frees_ahead(&self, max: usize) -> Vec<(u64, u64)> {
         Lookahead::frees_ahead(self, max)
+    }
+    fn frees_ahead_timed(&self, max: usize) -> Vec<(u64, u64)> {
+        Lookahead::frees_ahead_timed(self, max)
     }
 }
 
