@@ -75,10 +75,14 @@ fn replay_of_real_stress_meets_the_floors() {
     // purges started at their drain item, pools hidden by mistake put back, no inferred shrinks
     // and the detach delay (1 Dec 2026), three runs gave 98.2–98.7 / 99.5–99.8 / 81.7–85.1 %;
     // the floors rose to 90 / 97 / 60 %, leaving room for a busier machine (a 20 s fix-size
-    // trace at full speed replays at 96.5 / 99.0 / 68.4 %).
-    assert!(warm >= 90.0, "placement after warm-up {warm:.2} % < 90 %");
-    assert!(nr_lazy >= 97.0, "nr_lazy agreement {nr_lazy:.2} % < 97 %");
-    assert!(npurged >= 60.0, "npurged agreement {npurged:.2} % < 60 %");
+    // trace at full speed replays at 96.5 / 99.0 / 68.4 %). With each drain item's TLB flush
+    // recorded and racing frees joined by it (later on 1 Dec 2026), three runs gave
+    // 99.3–99.5 / 99.96–99.97 / 94.1–95.1 %, and the 20 s recordings 99.0–99.3 / 99.9–100 /
+    // 90.0–96.2 %: the floors rose to 95 / 99 / 80 %. Without the flush probe (a kernel where
+    // it cannot attach) npurged is predicted from the start alone, 82–92 % here.
+    assert!(warm >= 95.0, "placement after warm-up {warm:.2} % < 95 %");
+    assert!(nr_lazy >= 99.0, "nr_lazy agreement {nr_lazy:.2} % < 99 %");
+    assert!(npurged >= 80.0, "npurged agreement {npurged:.2} % < 80 %");
     // No warnings are expected from a healthy recording, except frees the model cannot place:
     // once, on a machine at load average 10 (parallel builds and another stress running), 774 of
     // ~700k frees (0.11 %) named areas the model did not hold as busy; quiet runs have none.
