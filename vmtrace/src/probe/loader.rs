@@ -552,7 +552,12 @@ impl LoadedProbes {
                     },
                     range_set(k, &VMAP_MAPPERS, false),
                     range_set(k, &VMALLOC_PAGE_PATH, false),
-                    WORK_FUNCTIONS.map(|f| k.addr_of(f).unwrap_or(0)),
+                    drain_only_work_funcs(
+                        WORK_FUNCTIONS.map(|f| k.addr_of(f).unwrap_or(0)),
+                        choices
+                            .iter()
+                            .any(|c| c.logical.name == "purge_work" && c.rung == Rung::Tracepoint),
+                    ),
                 )
             }
             None => (empty, empty, empty, empty, [0; 2]),
@@ -684,33 +689,69 @@ impl LoadedProbes {
                 }
             }
         }
-        let flush = choices
+        // Drain items (when each purge started) and their TLB flush: the tracepoint rung has
+        // the items already; a richer rung records per-node calls instead, so the workqueue
+        // tracepoints are added for the items alone (`WORK_FUNCS` then holds only the drain
+        // function).
+        let purge_rung = choices
             .iter()
-            .any(|c| c.logical.name == "purge_work" && c.rung == Rung::Tracepoint)
-            .then(|| {
-                attach_flush(
+            .find(|c| c.logical.name == "purge_work")
+            .map_or(Rung::None, |c| c.rung);
+        let mut drain_notes: Vec<String> = Vec::new();
+        let items = match purge_rung {
+            Rung::Tracepoint => Ok(()),
+            Rung::Fentry | Rung::Kprobe => {
+                let purge_work = ladder::LOGICAL.iter().find(|l| l.name == "purge_work");
+                let specs = purge_work.map_or(&[][..], |l| l.tracepoint);
+                match attach_addons(
+                    &mut ebpf,
+                    specs,
+                    &tp_missing,
+                    btf.as_ref(),
+                    ksyms.as_ref(),
+                    &plans,
+                ) {
+                    Ok(new_links) => {
+                        optional_links.extend(new_links);
+                        drain_notes.push("drain items from the workqueue tracepoints".into());
+                        Ok(())
+                    }
+                    Err(why) => Err(why),
+                }
+            }
+            Rung::None => Err(String::new()),
+        };
+        match items {
+            Ok(()) => {
+                let flush = attach_flush(
                     &mut ebpf,
                     &tp_missing,
                     flush_funcs,
                     btf.as_ref(),
                     ksyms.as_ref(),
                     &plans,
-                )
-            });
-        let flush_note = match flush {
-            Some(Ok((link, how))) => {
-                optional_links.push(link);
-                Some(format!(
-                    "drain items timed at their TLB flush ({FLUSH_TP_NAME}, {})",
-                    how.map_or("?", |h| h.name())
-                ))
+                );
+                drain_notes.push(match flush {
+                    Ok((link, how)) => {
+                        optional_links.push(link);
+                        format!(
+                            "drain items timed at their TLB flush ({FLUSH_TP_NAME}, {})",
+                            how.map_or("?", |h| h.name())
+                        )
+                    }
+                    Err(why) => {
+                        log::warn!("purge_work: no TLB-flush times: {why}");
+                        format!("no TLB-flush times: {why}")
+                    }
+                });
             }
-            Some(Err(why)) => {
-                log::warn!("purge_work: no TLB-flush times: {why}");
-                Some(format!("no TLB-flush times: {why}"))
+            Err(why) if !why.is_empty() => {
+                log::warn!("purge_work: no drain items: {why}");
+                drain_notes.push(format!("no drain items: {why}"));
             }
-            None => None,
-        };
+            Err(_) => {}
+        }
+        let flush_note = (!drain_notes.is_empty()).then(|| drain_notes.join("; "));
         for choice in &choices {
             if choice.rung == Rung::None
                 && choice.logical.name != "alloc_latency"
@@ -903,6 +944,38 @@ impl LoadedProbes {
 
 /// Loads and attaches one program of a ladder rung; returns its owned link.
 const FLUSH_TP_NAME: &str = "csd:csd_queue_cpu";
+
+/// The work functions the workqueue programs report: both on the tracepoint rung of
+/// `purge_work`; only `drain_vmap_area_work` when a richer rung reports `purge_vmap_node`
+/// itself (per node, with `nr_purged`), so that no call is recorded twice.
+fn drain_only_work_funcs(funcs: [u64; 2], purge_on_tracepoint: bool) -> [u64; 2] {
+    if purge_on_tracepoint {
+        funcs
+    } else {
+        [funcs[0], 0]
+    }
+}
+
+/// Attaches tracepoint programs outside their logical probe's rung (all or none), or says why
+/// not.
+fn attach_addons(
+    ebpf: &mut Ebpf,
+    specs: &[ProgSpec],
+    tp_missing: &[(String, String)],
+    btf: Option<&Btf>,
+    ksyms: Option<&Kallsyms>,
+    plans: &[RawPlan],
+) -> Result<Vec<Box<dyn std::any::Any>>, String> {
+    let mut links = Vec::new();
+    for spec in specs {
+        if let Some((_, why)) = tp_missing.iter().find(|(id, _)| id == spec.target) {
+            return Err(why.clone());
+        }
+        let (link, _) = attach_one(ebpf, Rung::Tracepoint, spec, btf, ksyms, plans)?;
+        links.push(link);
+    }
+    Ok(links)
+}
 
 /// Attaches [`FLUSH_TP`], or says why not.
 fn attach_flush(
@@ -1215,6 +1288,12 @@ fn start_probe_logger(ebpf: &mut Ebpf) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn richer_purge_rungs_leave_the_workqueue_programs_the_drain_items_alone() {
+        assert_eq!(drain_only_work_funcs([10, 20], true), [10, 20]);
+        assert_eq!(drain_only_work_funcs([10, 20], false), [10, 0]);
+    }
 
     #[test]
     fn rings_split_the_budget_one_per_cpu_up_to_eight() {
