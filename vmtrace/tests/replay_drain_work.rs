@@ -278,3 +278,33 @@ fn a_hidden_pool_seen_in_use_is_put_back() {
         Some(&1)
     );
 }
+
+/// Entries a confirmed pool skip passed over come back when the kernel takes one of them. Four
+/// areas are purged into node 0's pool (P3 on top). The kernel takes P1, then P0: twice past P3
+/// and P2, so the model hides those two. Then the kernel takes P3 after all (its pool only had
+/// them lower): P2 goes back, and the next allocation, P2, is predicted from the pool.
+#[test]
+fn entries_a_pool_skip_hid_come_back_when_one_is_used() {
+    let p: Vec<u64> = (0..4).map(|i| VMALLOC_START + i * AREA).collect();
+    let mut t = preamble();
+    for (i, &a) in p.iter().enumerate() {
+        t += &alloc(3000 + 100 * i as u64, a);
+    }
+    for (i, &a) in p.iter().enumerate() {
+        t += &free(4000 + 100 * i as u64, a, 4 * (i as u64 + 1));
+    }
+    t += &purge(5000, KWORKER, 4);
+    for (i, &a) in [p[1], p[0], p[3], p[2]].iter().enumerate() {
+        t += &alloc(6000 + 100 * i as u64, a);
+    }
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.purges[0].pooled, 4, "{:?}", r.purges[0]);
+    assert_eq!(r.pool_entries_restored, 1);
+    // Four before the purge; then P1, P0 and P3 missed, P2 predicted from the pool.
+    assert_eq!(
+        (r.placement.compared, r.placement.agreed),
+        (8, 5),
+        "{:?}",
+        r.first_divergences
+    );
+}
