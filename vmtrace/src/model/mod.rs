@@ -241,6 +241,8 @@ pub struct PurgeInProgress {
     /// Per-node cutoffs that replace `cutoff` once [`PurgeInProgress::hold_joins`] ran: the
     /// frees after the start join their node's batch one by one ([`Model::join_last_free`]).
     node_cutoff: Option<Vec<u64>>,
+    /// Nodes whose pools are still to decay ([`Model::purge_start_deferring`]).
+    undecayed: Vec<u32>,
     out: Purged,
 }
 
@@ -248,6 +250,11 @@ impl PurgeInProgress {
     /// Nodes not purged yet, ascending.
     pub fn remaining(&self) -> &[u32] {
         &self.remaining
+    }
+
+    /// Nodes whose pools have not decayed yet ([`Model::purge_start_deferring`]).
+    pub fn undecayed(&self) -> &[u32] {
+        &self.undecayed
     }
 
     /// Whether every node's batch has been purged.
@@ -770,6 +777,7 @@ impl Model {
             lazy_end: cutoff,
             limit: None,
             node_cutoff: None,
+            undecayed: Vec::new(),
             out: Purged::default(),
         };
         for node in 0..nodes {
@@ -946,6 +954,69 @@ impl Model {
         p
     }
 
+    /// [`Model::purge_start`], except that the pools of the nodes in `defer` keep their
+    /// entries until [`Model::decay_deferred`] (or the first node purged) decays them: the
+    /// kernel decays node after node, each right before its detach, so allocations between the
+    /// purge's start and a later node's decay still take from that node's whole pool, and its
+    /// `len >> 2` is counted after them. The batches are fixed at once as before.
+    pub fn purge_start_deferring(
+        &mut self,
+        limit: Option<usize>,
+        defer: &[u32],
+    ) -> PurgeInProgress {
+        let held: Vec<(u32, Vec<std::collections::VecDeque<u64>>)> = defer
+            .iter()
+            .filter(|&&n| n < self.params.layout.nr_nodes())
+            .map(|&n| (n, self.pools.take_node(n)))
+            .collect();
+        let mut p = self.purge_start(false, limit);
+        for (node, entries) in held {
+            self.pools.put_node(node, entries);
+            p.undecayed.push(node);
+        }
+        p
+    }
+
+    /// Decays `node`'s pools if `p` deferred them ([`Model::purge_start_deferring`]).
+    pub fn decay_deferred(&mut self, p: &mut PurgeInProgress, node: u32) {
+        if let Some(i) = p.undecayed.iter().position(|&n| n == node) {
+            p.undecayed.remove(i);
+            p.out.decayed += self.decay_node(node, p.full);
+        }
+    }
+
+    /// Every decay of `p` still deferred: the kernel finishes all decays and detaches before
+    /// any node is purged.
+    fn decay_all_deferred(&mut self, p: &mut PurgeInProgress) {
+        for node in std::mem::take(&mut p.undecayed) {
+            p.out.decayed += self.decay_node(node, p.full);
+        }
+    }
+
+    /// `decay_va_pool_node` for one node: returns the entries put back in the free tree.
+    fn decay_node(&mut self, node: u32, full: bool) -> u32 {
+        if !self.params.variant.has_pools() {
+            return 0;
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let non_empty = self.pools.decay(node, full, &mut scratch);
+        for _ in 0..2 * non_empty {
+            LockCounts::bump(&mut self.locks.pool, node);
+        }
+        if !scratch.is_empty() {
+            self.locks.free_vmap_area_lock += 1;
+        }
+        for &(a, s) in &scratch {
+            // The area was pooled, so it cannot overlap a free block; if the state were
+            // corrupt the overlap is caught by the invariant checks, not here.
+            let _ = self.free.release(a, s);
+        }
+        let n = scratch.len() as u32;
+        self.scratch = scratch;
+        n
+    }
+
     fn purge_start_at(&mut self, full: bool, cutoff: u64) -> PurgeInProgress {
         let mut out = Purged::default();
         if full {
@@ -955,25 +1026,8 @@ impl Model {
         self.locks.vmap_purge_lock += 1;
         let lazy_nodes = self.lazy.nodes();
         // Step 1: decay, per node, before the detach.
-        if self.params.variant.has_pools() {
-            let mut scratch = std::mem::take(&mut self.scratch);
-            for node in 0..self.params.layout.nr_nodes() {
-                scratch.clear();
-                let non_empty = self.pools.decay(node, full, &mut scratch);
-                for _ in 0..2 * non_empty {
-                    LockCounts::bump(&mut self.locks.pool, node);
-                }
-                if !scratch.is_empty() {
-                    self.locks.free_vmap_area_lock += 1;
-                }
-                for &(a, s) in &scratch {
-                    // The area was pooled, so it cannot overlap a free block; if the state were
-                    // corrupt the overlap is caught by the invariant checks, not here.
-                    let _ = self.free.release(a, s);
-                }
-                out.decayed += scratch.len() as u32;
-            }
-            self.scratch = scratch;
+        for node in 0..self.params.layout.nr_nodes() {
+            out.decayed += self.decay_node(node, full);
         }
         // The detach of every lazy tree: each node's batch is fixed here.
         let mut batch_pages = vec![0; lazy_nodes as usize];
@@ -996,6 +1050,7 @@ impl Model {
             lazy_end: self.free_seq + 1,
             limit: None,
             node_cutoff: None,
+            undecayed: Vec::new(),
             out,
         }
     }
@@ -1083,6 +1138,7 @@ impl Model {
         let Some(i) = p.remaining.iter().position(|&n| n == node) else {
             return;
         };
+        self.decay_all_deferred(p);
         p.remaining.remove(i);
         let tree = self.lazy.detach_before(node, cutoff);
         let (Some((&first, _)), Some((&last, la))) =
@@ -1125,6 +1181,7 @@ impl Model {
 
     /// Purges every node of `p` not purged yet and returns the whole purge's result.
     pub fn purge_finish(&mut self, mut p: PurgeInProgress) -> Purged {
+        self.decay_all_deferred(&mut p);
         while let Some(&node) = p.remaining.first() {
             self.purge_node(&mut p, node);
         }

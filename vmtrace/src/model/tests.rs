@@ -445,6 +445,39 @@ fn held_joins_take_the_chosen_free_not_the_next() {
     assert!(m.lazy().find(on0).is_none());
 }
 
+/// A deferred node keeps its whole pool until its decay: an allocation in between takes the
+/// head the decay would have taken, and the decay then counts `len >> 2` of what is left.
+#[test]
+fn a_deferred_decay_cuts_the_pool_as_it_is_then() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    pooled_one_page_areas(&mut m, &p, 8);
+    assert_eq!(m.pools().len(0, PAGE), 8);
+    let head = m.pools().head(0, PAGE).unwrap();
+    let mut run = m.purge_start_deferring(Some(0), &[0]);
+    assert_eq!(run.undecayed(), &[0]);
+    assert_eq!(m.pools().len(0, PAGE), 8, "nothing decayed yet");
+    let got = m.alloc(&one_page_req(0, &p)).unwrap().unwrap();
+    assert_eq!(
+        got.addr, head,
+        "the head a start-time decay would have freed"
+    );
+    m.decay_deferred(&mut run, 0);
+    assert!(run.undecayed().is_empty());
+    assert_eq!(m.pools().len(0, PAGE), 6, "7 left, 7 >> 2 = 1 decayed");
+    m.check_invariants().unwrap();
+    let done = m.purge_finish(run);
+    assert_eq!(done.decayed, 1);
+    // Undecayed nodes decay before any node is purged.
+    let mut m = Model::new(p.clone()).unwrap();
+    pooled_one_page_areas(&mut m, &p, 8);
+    let run = m.purge_start_deferring(None, &[0]);
+    let done = m.purge_finish(run);
+    assert_eq!(done.decayed, 2);
+    assert_eq!(m.pools().len(0, PAGE), 6);
+    m.check_invariants().unwrap();
+}
+
 /// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
 /// takes a pooled area back to its lazy tree.
 #[test]
