@@ -343,6 +343,12 @@ pub struct Model {
     scratch: Vec<(u64, u64)>,
     /// Order stamp of the last lazy area (see [`LazyArea::seq`]).
     free_seq: u64,
+    /// Nodes purged whose pages are still in `vmap_lazy_nr`, with those pages
+    /// ([`Model::defer_subtraction`]).
+    unsubtracted: Vec<(u32, u64)>,
+    /// Whether a node purged now leaves its pages in the backlog until
+    /// [`Model::settle_subtractions`].
+    defer_sub: bool,
     /// Ranges the kernel showed to be occupied by something no trace event reveals (pool
     /// entries from before the trace): start → size. Neither free nor allocatable here until
     /// the kernel uses them ([`Model::unhide`]) or a full decay empties every pool.
@@ -379,6 +385,8 @@ impl Model {
             stats: ModelStats::default(),
             scratch: Vec::new(),
             free_seq: 0,
+            unsubtracted: Vec::new(),
+            defer_sub: false,
             hidden: BTreeMap::new(),
             released_by_purge: HashMap::new(),
             sticky: HashSet::new(),
@@ -412,7 +420,32 @@ impl Model {
     }
     /// `vmap_lazy_nr`, in pages.
     pub fn lazy_pages(&self) -> u64 {
-        self.lazy.pages()
+        self.lazy.pages() + self.unsubtracted_pages()
+    }
+
+    fn unsubtracted_pages(&self) -> u64 {
+        self.unsubtracted.iter().map(|&(_, p)| p).sum()
+    }
+
+    /// From now on (until turned off) a node purged keeps its pages in the backlog
+    /// (`vmap_lazy_nr`) until [`Model::settle_subtractions`]: `purge_vmap_node` pools each area
+    /// as it goes, so the kernel can hand one out again while the loop still runs, and
+    /// subtracts the node's pages only at its end (replay: a reuse seen before the drop).
+    pub fn defer_subtraction(&mut self, on: bool) {
+        self.defer_sub = on;
+    }
+
+    /// Nodes purged whose pages are still counted, with those pages.
+    pub fn unsubtracted(&self) -> &[(u32, u64)] {
+        &self.unsubtracted
+    }
+
+    /// Subtracts the held pages of `nodes` (every node with `None`).
+    pub fn settle_subtractions(&mut self, nodes: Option<&[u32]>) {
+        match nodes {
+            None => self.unsubtracted.clear(),
+            Some(ns) => self.unsubtracted.retain(|(n, _)| !ns.contains(n)),
+        }
     }
 
     fn pages(&self, size: u64) -> u64 {
@@ -679,7 +712,7 @@ impl Model {
                 seq,
             },
             self.params.page_size,
-        );
+        ) + self.unsubtracted_pages();
         self.stats.frees += 1;
         let drain = nr_lazy > self.params.lazy_max_pages;
         if drain {
@@ -1167,6 +1200,9 @@ impl Model {
             }
         }
         self.lazy.subtract(node_pages);
+        if self.defer_sub && node_pages > 0 {
+            self.unsubtracted.push((node, node_pages));
+        }
         let out = &mut p.out;
         out.pages += node_pages;
         out.pooled += pooled_here;

@@ -478,6 +478,31 @@ fn a_deferred_decay_cuts_the_pool_as_it_is_then() {
     m.check_invariants().unwrap();
 }
 
+/// With the subtraction deferred, a purged node's areas are pooled at once but its pages stay
+/// in the backlog the next free reports until they are settled.
+#[test]
+fn deferred_subtractions_stay_in_the_backlog_until_settled() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs = one_page_areas(&mut m, &p, 4);
+    for &a in &addrs[..3] {
+        m.free(a).unwrap();
+    }
+    assert_eq!(m.lazy_pages(), 3);
+    m.defer_subtraction(true);
+    let got = m.purge(false);
+    m.defer_subtraction(false);
+    assert_eq!(got.pooled, 3);
+    assert_eq!(m.unsubtracted(), &[(0, 3)]);
+    assert_eq!(m.lazy_pages(), 3, "still counted");
+    assert_eq!(m.free(addrs[3]).unwrap().nr_lazy, 4);
+    m.settle_subtractions(Some(&[1]));
+    assert_eq!(m.lazy_pages(), 4, "node 1 held nothing");
+    m.settle_subtractions(Some(&[0]));
+    assert_eq!(m.lazy_pages(), 1);
+    m.check_invariants().unwrap();
+}
+
 /// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
 /// takes a pooled area back to its lazy tree.
 #[test]

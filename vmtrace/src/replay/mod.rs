@@ -1060,7 +1060,19 @@ impl<'o> Replayer<'o> {
                 self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
             let expected = self.model.lazy_pages() + own;
             if f.nr_lazy < expected && !self.add_order_explains(f.nr_lazy, expected, ahead) {
-                self.purge_early_dropped(expected - f.nr_lazy, ahead);
+                let dropped = expected - f.nr_lazy;
+                let held = self.model.unsubtracted().to_vec();
+                match nodes_summing_to(&held, dropped) {
+                    // Nodes already purged on a reuse, whose loops have now ended.
+                    Some(nodes) => self.model.settle_subtractions(Some(&nodes)),
+                    None => {
+                        self.model.settle_subtractions(None);
+                        let expected = self.model.lazy_pages() + own;
+                        if f.nr_lazy < expected {
+                            self.purge_early_dropped(expected - f.nr_lazy, ahead);
+                        }
+                    }
+                }
             }
         }
         let got = match self.model.free(addr) {
@@ -1139,6 +1151,7 @@ impl<'o> Replayer<'o> {
         ahead: &dyn DrainLookup,
     ) -> Result<(), ReplayError> {
         self.tally.purge += 1;
+        self.model.settle_subtractions(None);
         let full = self.pending_failure.is_some();
         let lazy_before = self.model.lazy().objects();
         self.drain_pending = false;
@@ -1646,7 +1659,12 @@ impl<'o> Replayer<'o> {
     /// exactly ([`Replayer::purge_early_dropped`]).
     fn purge_early_reused(&mut self, ahead: &dyn DrainLookup) {
         if self.start_early(ahead) {
+            // The reuse shows a node's loop under way, not ended: its pages leave the backlog
+            // at the drop a later free reports, or at the event (1 Dec 2026: `nr_lazy` 99.87
+            // to 99.93 % on an 8 s fix-size trace, 99.85 to 99.88 % on a mixed one).
+            self.model.defer_subtraction(true);
             self.purge_early_nodes(None);
+            self.model.defer_subtraction(false);
         }
     }
 
