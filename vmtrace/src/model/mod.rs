@@ -349,6 +349,9 @@ pub struct Model {
     /// Whether a node purged now leaves its pages in the backlog until
     /// [`Model::settle_subtractions`].
     defer_sub: bool,
+    /// Nodes whose decay is under way ([`Model::decay_begin`]), with the entries cut from their
+    /// pools on their way to the free tree.
+    decaying: Vec<(u32, Vec<(u64, u64)>)>,
     /// Ranges the kernel showed to be occupied by something no trace event reveals (pool
     /// entries from before the trace): start → size. Neither free nor allocatable here until
     /// the kernel uses them ([`Model::unhide`]) or a full decay empties every pool.
@@ -387,6 +390,7 @@ impl Model {
             free_seq: 0,
             unsubtracted: Vec::new(),
             defer_sub: false,
+            decaying: Vec::new(),
             hidden: BTreeMap::new(),
             released_by_purge: HashMap::new(),
             sticky: HashSet::new(),
@@ -1018,12 +1022,65 @@ impl Model {
         }
     }
 
-    /// Every decay of `p` still deferred: the kernel finishes all decays and detaches before
-    /// any node is purged.
+    /// Every decay of `p` still deferred or under way: the kernel finishes all decays and
+    /// detaches before any node is purged.
     fn decay_all_deferred(&mut self, p: &mut PurgeInProgress) {
         for node in std::mem::take(&mut p.undecayed) {
             p.out.decayed += self.decay_node(node, p.full);
         }
+        for node in self.decaying.iter().map(|d| d.0).collect::<Vec<_>>() {
+            self.decay_end(p, node);
+        }
+    }
+
+    /// `decay_va_pool_node` for a node `p` deferred, up to its last step: the pools are cut
+    /// now (`len >> 2` from each head), and the cut entries reach the free tree only at
+    /// [`Model::decay_end`], as the kernel merges them into the global tree in one
+    /// `reclaim_list_global` at the end of the node's decay, right before its detach.
+    pub fn decay_begin(&mut self, p: &mut PurgeInProgress, node: u32) {
+        let Some(i) = p.undecayed.iter().position(|&n| n == node) else {
+            return;
+        };
+        p.undecayed.remove(i);
+        if !self.params.variant.has_pools() {
+            return;
+        }
+        let mut cut = Vec::new();
+        let non_empty = self.pools.decay(node, p.full, &mut cut);
+        for _ in 0..2 * non_empty {
+            LockCounts::bump(&mut self.locks.pool, node);
+        }
+        self.decaying.push((node, cut));
+    }
+
+    /// The end of a decay [`Model::decay_begin`] started: the cut entries reach the free tree.
+    pub fn decay_end(&mut self, p: &mut PurgeInProgress, node: u32) {
+        let Some(i) = self.decaying.iter().position(|d| d.0 == node) else {
+            return;
+        };
+        let (_, cut) = self.decaying.remove(i);
+        if !cut.is_empty() {
+            self.locks.free_vmap_area_lock += 1;
+        }
+        for &(a, z) in &cut {
+            let _ = self.free.release(a, z);
+        }
+        p.out.decayed += cut.len() as u32;
+    }
+
+    /// A node whose decay under way holds part of `[addr, addr + size)` among its cut entries.
+    pub fn decaying_holding(&self, addr: u64, size: u64) -> Option<u32> {
+        let end = addr.saturating_add(size);
+        self.decaying.iter().find_map(|(node, cut)| {
+            cut.iter()
+                .any(|&(a, z)| a < end && addr < a + z)
+                .then_some(*node)
+        })
+    }
+
+    /// Nodes whose decay is under way.
+    pub fn decaying_nodes(&self) -> Vec<u32> {
+        self.decaying.iter().map(|d| d.0).collect()
     }
 
     /// `decay_va_pool_node` for one node: returns the entries put back in the free tree.
@@ -1312,6 +1369,9 @@ impl Model {
         }
         spans.extend(self.pools.iter().map(|(_, s, z)| (s, s + z, "pooled")));
         spans.extend(self.hidden.iter().map(|(&s, &z)| (s, s + z, "hidden")));
+        for (_, cut) in &self.decaying {
+            spans.extend(cut.iter().map(|&(s, z)| (s, s + z, "decaying")));
+        }
         spans.sort_unstable();
         let mut at = self.params.vmalloc_start;
         for &(s, e, what) in &spans {

@@ -478,6 +478,29 @@ fn a_deferred_decay_cuts_the_pool_as_it_is_then() {
     m.check_invariants().unwrap();
 }
 
+/// A decay begun cuts the pool at once; the cut entries are neither pooled nor free until the
+/// decay ends, and an allocation cannot take them in between.
+#[test]
+fn a_decay_in_progress_holds_its_cut_entries_until_it_ends() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs = pooled_one_page_areas(&mut m, &p, 8);
+    let mut run = m.purge_start_deferring(None, &[0, 1]);
+    m.decay_begin(&mut run, 0);
+    assert_eq!(m.pools().len(0, PAGE), 6, "8 >> 2 = 2 cut");
+    let top = *addrs.iter().max().unwrap();
+    assert_eq!(m.decaying_holding(top, PAGE), Some(0), "the head was cut");
+    m.check_invariants().unwrap();
+    // A CPU-1 request (node 1's pool is empty) goes to the free tree, past the cut entries.
+    let got = m.alloc(&one_page_req(1, &p)).unwrap().unwrap();
+    assert!(got.addr > top, "{:#x} inside the cut entries", got.addr);
+    m.decay_end(&mut run, 0);
+    assert_eq!(m.decaying_holding(top, PAGE), None);
+    let done = m.purge_finish(run);
+    assert_eq!(done.decayed, 2);
+    m.check_invariants().unwrap();
+}
+
 /// With the subtraction deferred, a purged node's areas are pooled at once but its pages stay
 /// in the backlog the next free reports until they are settled.
 #[test]

@@ -927,6 +927,15 @@ impl<'o> Replayer<'o> {
         };
         let mut claimed = self.model.claim(&req, addr);
         if claimed.is_err() {
+            // The kernel's decay of that node had ended already.
+            while let (Some(node), Some(p)) =
+                (self.model.decaying_holding(addr, size), self.early.as_mut())
+            {
+                self.model.decay_end(p, node);
+                claimed = self.model.claim(&req, addr);
+            }
+        }
+        if claimed.is_err() {
             // A pool the model hid as empty in the kernel, now seen in use there: it was only
             // missing for a moment (or its head differed). The entries after the one used go
             // back to the pool, in their order.
@@ -1416,17 +1425,18 @@ impl<'o> Replayer<'o> {
         self.detach = Some(d);
         self.early_is_split = false;
         let limit = ahead.next_npurged().map(|n| n as usize);
-        // Nodes whose decay comes after this event keep their pools until then (`decay_due`):
-        // on the 20 s traces of 1 Dec that took placement after warm-up from 99.24 to 99.48 %
-        // (fix-size) and 99.34 to 99.50 % (random-size).
+        // Every node's decay follows the kernel's clock (`decay_due`): its pools are cut right
+        // after the previous node's detach (node 0: at the start), and the cut entries reach
+        // the free tree at its own detach. On the 20 s traces of 1 Dec, placement after warm-up
+        // went from 99.24 to 99.58 % (fix-size) and 99.34 to 99.54 % (random-size) against
+        // decaying every node at the start; cutting and freeing at once gave 99.48 / 99.50 %.
         let nodes = self.model.params().layout.nr_nodes();
-        let defer: Vec<u32> = (0..nodes)
-            .filter(|&n| d.decay_at(n, nodes, self.opts) > ts)
-            .collect();
+        let defer: Vec<u32> = (0..nodes).collect();
         let mut early = self.model.purge_start_deferring(limit, &defer);
         self.plan_joins(&mut early, ahead);
         self.early = Some(early);
         self.work_starts += 1;
+        self.decay_due(ts);
     }
 
     /// Decays the pools of the started purge's nodes whose decay time has come by `ts`.
@@ -1442,7 +1452,12 @@ impl<'o> Replayer<'o> {
             .filter(|&n| d.decay_at(n, nodes, self.opts) <= ts)
             .collect();
         for node in due {
-            self.model.decay_deferred(p, node);
+            self.model.decay_begin(p, node);
+        }
+        for node in self.model.decaying_nodes() {
+            if d.at(node, nodes, self.opts) <= ts {
+                self.model.decay_end(p, node);
+            }
         }
     }
 
