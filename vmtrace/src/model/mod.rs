@@ -954,7 +954,7 @@ impl Model {
     }
 
     fn purge_before(&mut self, full: bool, cutoff: u64) -> Purged {
-        let mut p = self.purge_start_at(full, cutoff);
+        let mut p = self.purge_start_at(full, cutoff, true);
         for node in 0..self.lazy.nodes() {
             self.purge_node(&mut p, node);
         }
@@ -971,6 +971,25 @@ impl Model {
     /// decrement before the other's. [`Model::purge_finish`] purges the rest and returns what
     /// [`Model::purge_oldest`] would have.
     pub fn purge_start(&mut self, full: bool, limit: Option<usize>) -> PurgeInProgress {
+        self.purge_start_with(full, limit, true)
+    }
+
+    /// [`Model::purge_start`], except that no node's pools decay yet: the kernel decays node
+    /// after node, each right before its detach, so allocations between the purge's start and
+    /// a node's decay still take from its whole pool, and its `len >> 2` is counted after
+    /// them. The caller decays each node with [`Model::decay_begin`] and [`Model::decay_end`];
+    /// whatever is left decays before the first node is purged. The batches are fixed at once
+    /// as before.
+    pub fn purge_start_deferring(&mut self, limit: Option<usize>) -> PurgeInProgress {
+        self.purge_start_with(false, limit, false)
+    }
+
+    fn purge_start_with(
+        &mut self,
+        full: bool,
+        limit: Option<usize>,
+        decay_now: bool,
+    ) -> PurgeInProgress {
         let cutoff = match limit {
             Some(limit) => {
                 let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
@@ -985,41 +1004,10 @@ impl Model {
             }
             None => self.free_seq + 1,
         };
-        let mut p = self.purge_start_at(full, cutoff);
+        let mut p = self.purge_start_at(full, cutoff, decay_now);
         p.limit = limit;
         p.start_cutoff = p.start_cutoff.max(cutoff);
         p
-    }
-
-    /// [`Model::purge_start`], except that the pools of the nodes in `defer` keep their
-    /// entries until [`Model::decay_deferred`] (or the first node purged) decays them: the
-    /// kernel decays node after node, each right before its detach, so allocations between the
-    /// purge's start and a later node's decay still take from that node's whole pool, and its
-    /// `len >> 2` is counted after them. The batches are fixed at once as before.
-    pub fn purge_start_deferring(
-        &mut self,
-        limit: Option<usize>,
-        defer: &[u32],
-    ) -> PurgeInProgress {
-        let held: Vec<(u32, Vec<std::collections::VecDeque<u64>>)> = defer
-            .iter()
-            .filter(|&&n| n < self.params.layout.nr_nodes())
-            .map(|&n| (n, self.pools.take_node(n)))
-            .collect();
-        let mut p = self.purge_start(false, limit);
-        for (node, entries) in held {
-            self.pools.put_node(node, entries);
-            p.undecayed.push(node);
-        }
-        p
-    }
-
-    /// Decays `node`'s pools if `p` deferred them ([`Model::purge_start_deferring`]).
-    pub fn decay_deferred(&mut self, p: &mut PurgeInProgress, node: u32) {
-        if let Some(i) = p.undecayed.iter().position(|&n| n == node) {
-            p.undecayed.remove(i);
-            p.out.decayed += self.decay_node(node, p.full);
-        }
     }
 
     /// Every decay of `p` still deferred or under way: the kernel finishes all decays and
@@ -1046,10 +1034,7 @@ impl Model {
             return;
         }
         let mut cut = Vec::new();
-        let non_empty = self.pools.decay(node, p.full, &mut cut);
-        for _ in 0..2 * non_empty {
-            LockCounts::bump(&mut self.locks.pool, node);
-        }
+        self.cut_pools(node, p.full, &mut cut);
         self.decaying.push((node, cut));
     }
 
@@ -1059,12 +1044,7 @@ impl Model {
             return;
         };
         let (_, cut) = self.decaying.remove(i);
-        if !cut.is_empty() {
-            self.locks.free_vmap_area_lock += 1;
-        }
-        for &(a, z) in &cut {
-            let _ = self.free.release(a, z);
-        }
+        self.release_cut(&cut);
         p.out.decayed += cut.len() as u32;
     }
 
@@ -1085,29 +1065,41 @@ impl Model {
 
     /// `decay_va_pool_node` for one node: returns the entries put back in the free tree.
     fn decay_node(&mut self, node: u32, full: bool) -> u32 {
-        if !self.params.variant.has_pools() {
-            return 0;
-        }
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        let non_empty = self.pools.decay(node, full, &mut scratch);
-        for _ in 0..2 * non_empty {
-            LockCounts::bump(&mut self.locks.pool, node);
-        }
-        if !scratch.is_empty() {
-            self.locks.free_vmap_area_lock += 1;
-        }
-        for &(a, s) in &scratch {
-            // The area was pooled, so it cannot overlap a free block; if the state were
-            // corrupt the overlap is caught by the invariant checks, not here.
-            let _ = self.free.release(a, s);
-        }
+        self.cut_pools(node, full, &mut scratch);
+        self.release_cut(&scratch);
         let n = scratch.len() as u32;
         self.scratch = scratch;
         n
     }
 
-    fn purge_start_at(&mut self, full: bool, cutoff: u64) -> PurgeInProgress {
+    /// The cut of a decay: `len >> 2` (all when `full`) from the head of each of `node`'s
+    /// pools into `out`, with two pool-lock sections per non-empty pool (detach, re-attach).
+    fn cut_pools(&mut self, node: u32, full: bool, out: &mut Vec<(u64, u64)>) {
+        if !self.params.variant.has_pools() {
+            return;
+        }
+        let non_empty = self.pools.decay(node, full, out);
+        for _ in 0..2 * non_empty {
+            LockCounts::bump(&mut self.locks.pool, node);
+        }
+    }
+
+    /// The end of a decay: the cut entries merged into the free tree in one
+    /// `free_vmap_area_lock` section (`reclaim_list_global`).
+    fn release_cut(&mut self, cut: &[(u64, u64)]) {
+        if !cut.is_empty() {
+            self.locks.free_vmap_area_lock += 1;
+        }
+        for &(a, s) in cut {
+            // The area was pooled, so it cannot overlap a free block; if the state were
+            // corrupt the overlap is caught by the invariant checks, not here.
+            let _ = self.free.release(a, s);
+        }
+    }
+
+    fn purge_start_at(&mut self, full: bool, cutoff: u64, decay_now: bool) -> PurgeInProgress {
         let mut out = Purged::default();
         if full {
             self.unhide_all();
@@ -1115,9 +1107,12 @@ impl Model {
         self.stats.purges += 1;
         self.locks.vmap_purge_lock += 1;
         let lazy_nodes = self.lazy.nodes();
-        // Step 1: decay, per node, before the detach.
-        for node in 0..self.params.layout.nr_nodes() {
-            out.decayed += self.decay_node(node, full);
+        // Step 1: decay, per node, before the detach (or later, node by node, when deferred).
+        let nodes = self.params.layout.nr_nodes();
+        if decay_now {
+            for node in 0..nodes {
+                out.decayed += self.decay_node(node, full);
+            }
         }
         // The detach of every lazy tree: each node's batch is fixed here.
         let mut batch_pages = vec![0; lazy_nodes as usize];
@@ -1140,7 +1135,11 @@ impl Model {
             lazy_end: self.free_seq + 1,
             limit: None,
             node_cutoff: None,
-            undecayed: Vec::new(),
+            undecayed: if decay_now {
+                Vec::new()
+            } else {
+                (0..nodes).collect()
+            },
             out,
         }
     }
@@ -1289,24 +1288,9 @@ impl Model {
     pub fn shrink(&mut self) -> u32 {
         self.locks.vmap_purge_lock += 1;
         self.unhide_all();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut n = 0;
-        for node in 0..self.params.layout.nr_nodes() {
-            scratch.clear();
-            let non_empty = self.pools.decay(node, true, &mut scratch);
-            for _ in 0..2 * non_empty {
-                LockCounts::bump(&mut self.locks.pool, node);
-            }
-            if !scratch.is_empty() {
-                self.locks.free_vmap_area_lock += 1;
-            }
-            for &(a, s) in &scratch {
-                let _ = self.free.release(a, s);
-            }
-            n += scratch.len() as u32;
-        }
-        self.scratch = scratch;
-        n
+        (0..self.params.layout.nr_nodes())
+            .map(|node| self.decay_node(node, true))
+            .sum()
     }
 
     /// Whether `[addr, addr+size)` overlaps a pooled area (slow: replay diagnostics only).

@@ -160,32 +160,6 @@ impl Pools {
         non_empty
     }
 
-    /// Takes every pool of `node` out, in order (its pools read empty until
-    /// [`Pools::put_node`]).
-    pub fn take_node(&mut self, node: u32) -> Vec<VecDeque<u64>> {
-        let per = MAX_VA_SIZE_PAGES as usize;
-        let base = node as usize * per;
-        let Some(lists) = self.lists.get_mut(base..base + per) else {
-            return Vec::new();
-        };
-        let taken: Vec<VecDeque<u64>> = lists.iter_mut().map(std::mem::take).collect();
-        self.objects -= taken.iter().map(|l| l.len() as u64).sum::<u64>();
-        taken
-    }
-
-    /// Puts back what [`Pools::take_node`] took, below anything pooled since (newer, so
-    /// nearer the head).
-    pub fn put_node(&mut self, node: u32, taken: Vec<VecDeque<u64>>) {
-        let base = node as usize * MAX_VA_SIZE_PAGES as usize;
-        for (i, old) in taken.into_iter().enumerate() {
-            let Some(list) = self.lists.get_mut(base + i) else {
-                break;
-            };
-            self.objects += old.len() as u64;
-            list.extend(old);
-        }
-    }
-
     /// Every pooled area as `(node, start, size)`.
     pub fn iter(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
         let per = MAX_VA_SIZE_PAGES as usize;

@@ -400,17 +400,23 @@ fn purge_late_oldest_takes_the_oldest_and_decays_nothing() {
     m.check_invariants().unwrap();
 }
 
+/// One area on each node's CPU, then a third on node 0 freed: `(model, on0, on1, first)`.
+fn two_nodes_and_one_lazy(p: &Params) -> (Model, u64, u64, u64) {
+    let mut m = Model::new(p.clone()).unwrap();
+    let on0 = m.alloc(&one_page_req(0, p)).unwrap().unwrap().addr;
+    let on1 = m.alloc(&one_page_req(1, p)).unwrap().unwrap().addr;
+    let first = m.alloc(&one_page_req(0, p)).unwrap().unwrap().addr;
+    m.free(first).unwrap();
+    (m, on0, on1, first)
+}
+
 /// With joins held, a purge that takes more than was lazy at its start takes the frees the
 /// caller joins to their node's batch, not the next ones in free order: here the node-1 free
 /// that came second, not the node-0 free that came first.
 #[test]
 fn held_joins_take_the_chosen_free_not_the_next() {
     let p = params(Variant::Nodes);
-    let mut m = Model::new(p.clone()).unwrap();
-    let on0 = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
-    let on1 = m.alloc(&one_page_req(1, &p)).unwrap().unwrap().addr;
-    let first = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
-    m.free(first).unwrap();
+    let (mut m, on0, on1, first) = two_nodes_and_one_lazy(&p);
     // npurged 2: the area lazy at the start and one racing free.
     let mut run = m.purge_start(false, Some(2));
     assert_eq!(run.joiners(), 1);
@@ -432,11 +438,7 @@ fn held_joins_take_the_chosen_free_not_the_next() {
     );
     m.check_invariants().unwrap();
     // Without the hold, the next free in order joins.
-    let mut m = Model::new(p.clone()).unwrap();
-    let on0 = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
-    let on1 = m.alloc(&one_page_req(1, &p)).unwrap().unwrap().addr;
-    let first = m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr;
-    m.free(first).unwrap();
+    let (mut m, on0, on1, _) = two_nodes_and_one_lazy(&p);
     let run = m.purge_start(false, Some(2));
     m.free(on0).unwrap();
     m.free(on1).unwrap();
@@ -454,16 +456,16 @@ fn a_deferred_decay_cuts_the_pool_as_it_is_then() {
     pooled_one_page_areas(&mut m, &p, 8);
     assert_eq!(m.pools().len(0, PAGE), 8);
     let head = m.pools().head(0, PAGE).unwrap();
-    let mut run = m.purge_start_deferring(Some(0), &[0]);
-    assert_eq!(run.undecayed(), &[0]);
+    let mut run = m.purge_start_deferring(Some(0));
+    assert_eq!(run.undecayed(), &[0, 1]);
     assert_eq!(m.pools().len(0, PAGE), 8, "nothing decayed yet");
     let got = m.alloc(&one_page_req(0, &p)).unwrap().unwrap();
     assert_eq!(
         got.addr, head,
         "the head a start-time decay would have freed"
     );
-    m.decay_deferred(&mut run, 0);
-    assert!(run.undecayed().is_empty());
+    m.decay_begin(&mut run, 0);
+    assert_eq!(run.undecayed(), &[1]);
     assert_eq!(m.pools().len(0, PAGE), 6, "7 left, 7 >> 2 = 1 decayed");
     m.check_invariants().unwrap();
     let done = m.purge_finish(run);
@@ -471,7 +473,7 @@ fn a_deferred_decay_cuts_the_pool_as_it_is_then() {
     // Undecayed nodes decay before any node is purged.
     let mut m = Model::new(p.clone()).unwrap();
     pooled_one_page_areas(&mut m, &p, 8);
-    let run = m.purge_start_deferring(None, &[0]);
+    let run = m.purge_start_deferring(None);
     let done = m.purge_finish(run);
     assert_eq!(done.decayed, 2);
     assert_eq!(m.pools().len(0, PAGE), 6);
@@ -485,7 +487,7 @@ fn a_decay_in_progress_holds_its_cut_entries_until_it_ends() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
     let addrs = pooled_one_page_areas(&mut m, &p, 8);
-    let mut run = m.purge_start_deferring(None, &[0, 1]);
+    let mut run = m.purge_start_deferring(None);
     m.decay_begin(&mut run, 0);
     assert_eq!(m.pools().len(0, PAGE), 6, "8 >> 2 = 2 cut");
     let top = *addrs.iter().max().unwrap();

@@ -699,30 +699,27 @@ impl LoadedProbes {
             .map_or(Rung::None, |c| c.rung);
         let mut drain_notes: Vec<String> = Vec::new();
         let items = match purge_rung {
-            Rung::Tracepoint => Ok(()),
+            Rung::Tracepoint => Some(Ok(())),
             Rung::Fentry | Rung::Kprobe => {
                 let purge_work = ladder::LOGICAL.iter().find(|l| l.name == "purge_work");
                 let specs = purge_work.map_or(&[][..], |l| l.tracepoint);
-                match attach_addons(
+                let attached = attach_addons(
                     &mut ebpf,
                     specs,
                     &tp_missing,
                     btf.as_ref(),
                     ksyms.as_ref(),
                     &plans,
-                ) {
-                    Ok(new_links) => {
-                        optional_links.extend(new_links);
-                        drain_notes.push("drain items from the workqueue tracepoints".into());
-                        Ok(())
-                    }
-                    Err(why) => Err(why),
-                }
+                );
+                Some(attached.map(|new_links| {
+                    optional_links.extend(new_links.into_iter().map(|(link, _)| link));
+                    drain_notes.push("drain items from the workqueue tracepoints".into());
+                }))
             }
-            Rung::None => Err(String::new()),
+            Rung::None => None,
         };
         match items {
-            Ok(()) => {
+            Some(Ok(())) => {
                 let flush = attach_flush(
                     &mut ebpf,
                     &tp_missing,
@@ -735,7 +732,8 @@ impl LoadedProbes {
                     Ok((link, how)) => {
                         optional_links.push(link);
                         format!(
-                            "drain items timed at their TLB flush ({FLUSH_TP_NAME}, {})",
+                            "drain items timed at their TLB flush ({}, {})",
+                            FLUSH_TP.target,
                             how.map_or("?", |h| h.name())
                         )
                     }
@@ -745,11 +743,11 @@ impl LoadedProbes {
                     }
                 });
             }
-            Err(why) if !why.is_empty() => {
+            Some(Err(why)) => {
                 log::warn!("purge_work: no drain items: {why}");
                 drain_notes.push(format!("no drain items: {why}"));
             }
-            Err(_) => {}
+            None => {}
         }
         let flush_note = (!drain_notes.is_empty()).then(|| drain_notes.join("; "));
         for choice in &choices {
@@ -943,8 +941,6 @@ impl LoadedProbes {
 }
 
 /// Loads and attaches one program of a ladder rung; returns its owned link.
-const FLUSH_TP_NAME: &str = "csd:csd_queue_cpu";
-
 /// The work functions the workqueue programs report: both on the tracepoint rung of
 /// `purge_work`; only `drain_vmap_area_work` when a richer rung reports `purge_vmap_node`
 /// itself (per node, with `nr_purged`), so that no call is recorded twice.
@@ -956,6 +952,9 @@ fn drain_only_work_funcs(funcs: [u64; 2], purge_on_tracepoint: bool) -> [u64; 2]
     }
 }
 
+/// A link of an add-on program, and how its tracepoint attached.
+type AddonLink = (Box<dyn std::any::Any>, Option<Attached>);
+
 /// Attaches tracepoint programs outside their logical probe's rung (all or none), or says why
 /// not.
 fn attach_addons(
@@ -965,14 +964,13 @@ fn attach_addons(
     btf: Option<&Btf>,
     ksyms: Option<&Kallsyms>,
     plans: &[RawPlan],
-) -> Result<Vec<Box<dyn std::any::Any>>, String> {
+) -> Result<Vec<AddonLink>, String> {
     let mut links = Vec::new();
     for spec in specs {
         if let Some((_, why)) = tp_missing.iter().find(|(id, _)| id == spec.target) {
             return Err(why.clone());
         }
-        let (link, _) = attach_one(ebpf, Rung::Tracepoint, spec, btf, ksyms, plans)?;
-        links.push(link);
+        links.push(attach_one(ebpf, Rung::Tracepoint, spec, btf, ksyms, plans)?);
     }
     Ok(links)
 }
@@ -985,17 +983,15 @@ fn attach_flush(
     btf: Option<&Btf>,
     ksyms: Option<&Kallsyms>,
     plans: &[RawPlan],
-) -> Result<(Box<dyn std::any::Any>, Option<Attached>), String> {
-    if let Some((_, why)) = tp_missing.iter().find(|(id, _)| id == FLUSH_TP.target) {
-        return Err(why.clone());
-    }
+) -> Result<AddonLink, String> {
     if funcs == [0; 2] {
         return Err(format!(
             "neither of {} in kallsyms",
             FLUSH_FUNCTIONS.join(", ")
         ));
     }
-    attach_one(ebpf, Rung::Tracepoint, &FLUSH_TP, btf, ksyms, plans)
+    let mut links = attach_addons(ebpf, &[FLUSH_TP], tp_missing, btf, ksyms, plans)?;
+    links.pop().ok_or_else(|| "nothing attached".to_string())
 }
 
 fn attach_one(

@@ -1430,9 +1430,7 @@ impl<'o> Replayer<'o> {
         // the free tree at its own detach. On the 20 s traces of 1 Dec, placement after warm-up
         // went from 99.24 to 99.58 % (fix-size) and 99.34 to 99.54 % (random-size) against
         // decaying every node at the start; cutting and freeing at once gave 99.48 / 99.50 %.
-        let nodes = self.model.params().layout.nr_nodes();
-        let defer: Vec<u32> = (0..nodes).collect();
-        let mut early = self.model.purge_start_deferring(limit, &defer);
+        let mut early = self.model.purge_start_deferring(limit);
         self.plan_joins(&mut early, ahead);
         self.early = Some(early);
         self.work_starts += 1;
@@ -1783,9 +1781,6 @@ const RECONCILE_SPAN: usize = 32;
 /// Most frees read ahead that [`Replayer::plan_joins`] ranks: more than race any one detach.
 const JOIN_SPAN: usize = 256;
 
-/// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
-/// such set (the lowest node ids among equals), or `None` when none does or there are too many
-/// nodes to try every set.
 /// Pool entries replay hid as a run: put back in order from the one after an entry the kernel
 /// is seen taking.
 struct HiddenPool {
@@ -1810,11 +1805,6 @@ struct Detach {
 }
 
 impl Detach {
-    /// Node `node`'s predicted detach. From the start: [`ReplayOptions::detach_delay_ns`] plus
-    /// one [`ReplayOptions::detach_step_ns`] per node before it. With the flush recorded, the
-    /// last node detaches at the flush and each earlier one a step before it, but no earlier
-    /// than the prediction from the start: on the 2-CPU reference machine that took `npurged`
-    /// agreement from 81 to 91 % (fix-size) and 84 to 95 % (random-size), see docs/model.md.
     /// When node `node`'s pools decay: right after the previous node's detach (node 0: at the
     /// start).
     fn decay_at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
@@ -1824,6 +1814,11 @@ impl Detach {
         }
     }
 
+    /// Node `node`'s predicted detach. From the start: [`ReplayOptions::detach_delay_ns`] plus
+    /// one [`ReplayOptions::detach_step_ns`] per node before it. With the flush recorded, the
+    /// last node detaches at the flush and each earlier one a step before it, but no earlier
+    /// than the prediction from the start: on the 2-CPU reference machine that took `npurged`
+    /// agreement from 81 to 91 % (fix-size) and 84 to 95 % (random-size), see docs/model.md.
     fn at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
         let forward = self
             .start
@@ -1840,6 +1835,9 @@ impl Detach {
     }
 }
 
+/// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
+/// such set (the lowest node ids among equals), or `None` when none does or there are too many
+/// nodes to try every set.
 fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
     if nodes.len() > 16 {
         return None;
