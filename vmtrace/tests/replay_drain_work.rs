@@ -308,3 +308,36 @@ fn entries_a_pool_skip_hid_come_back_when_one_is_used() {
         r.first_divergences
     );
 }
+
+/// Pages a reuse purged stay in the backlog until a free shows the kernel's subtraction, also
+/// when the reuse purged every node. A and B are freed (B schedules the drain) and C stays
+/// busy; the kernel reuses B, so its purge has pooled A and B, and C's free then reports a
+/// backlog without their 8 pages. Before, with no node left to purge, that drop went unseen
+/// until the purge event and C's free disagreed.
+#[test]
+fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
+    let (a, b, c) = (
+        VMALLOC_START,
+        VMALLOC_START + AREA,
+        VMALLOC_START + 2 * AREA,
+    );
+    let mut t = preamble();
+    t += &alloc(3000, a);
+    t += &alloc(3100, b);
+    t += &alloc(3200, c);
+    t += &free(4000, a, 4);
+    t += &free(4100, b, 8);
+    t += &alloc(4500, b);
+    t += &free(4600, c, 4);
+    t += &purge(5000, KWORKER, 2);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.early_purges, 1, "the reuse starts the purge");
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (3, 3),
+        "{:?}",
+        r.first_divergences
+    );
+    assert_eq!((r.npurged.compared, r.npurged.agreed), (1, 1));
+    assert_eq!((r.placement.compared, r.placement.agreed), (4, 4));
+}

@@ -773,6 +773,17 @@ impl Model {
         ok
     }
 
+    /// Takes the hidden range `[addr, addr+size)` out of the model's hiding, exactly that range,
+    /// for a caller that puts it elsewhere. False if no such range is hidden.
+    fn take_hidden(&mut self, addr: u64, size: u64) -> bool {
+        if self.hidden.get(&addr) != Some(&size) {
+            return false;
+        }
+        self.hidden.remove(&addr);
+        self.sticky.remove(&(addr, size));
+        true
+    }
+
     /// Returns every hidden range overlapping `[addr, addr+size)` to the free tree (the kernel
     /// just used that space, so it was free or pooled there after all). True if any was.
     pub fn unhide(&mut self, addr: u64, size: u64) -> bool {
@@ -871,11 +882,14 @@ impl Model {
 
     /// Gives a purged area back to the lazy tree it came from (replay: the kernel's purge did
     /// not include it, see [`Model::purge_oldest`]). It is taken out of the pool or the free
-    /// tree where the purge put it; false when it is no longer there (already reused).
+    /// tree where the purge put it, or out of hiding: replay hides what the kernel shows it
+    /// does not have available, which an area still lazy there is. False when it is in none of
+    /// those (already reused).
     pub fn unpurge(&mut self, p: &PurgedArea) -> bool {
         let size = p.area.size;
         let taken = self.pools.remove(p.addr, size, p.node).is_some()
-            || self.free.claim(p.addr, size).is_ok();
+            || self.free.claim(p.addr, size).is_ok()
+            || self.take_hidden(p.addr, size);
         if taken {
             self.lazy
                 .insert(p.node, p.addr, p.area, self.params.page_size);

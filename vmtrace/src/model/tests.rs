@@ -608,6 +608,33 @@ fn swap_purged_trades_lazy_for_purged() {
     m.check_invariants().unwrap();
 }
 
+/// The area the model's purge took may have been hidden since (replay saw the kernel pass it
+/// over, as it would an area still lazy there): `swap_purged` still trades it back from
+/// hiding, and the lazy area the kernel reused becomes free to claim. Without it the reused
+/// area stayed outside the model and its next free went missing from the backlog.
+#[test]
+fn swap_purged_takes_a_hidden_area_back() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    for &a in &addrs {
+        m.free(a).unwrap();
+    }
+    let got = m.purge_oldest(false, 2);
+    let newest_purged = *got.batch.iter().max_by_key(|a| a.area.seq).unwrap();
+    assert!(m.hide(newest_purged.addr, PAGE, newest_purged.node));
+    let (pages, objects) = (m.lazy_pages(), m.lazy().objects());
+    assert!(m.swap_purged(addrs[2], &newest_purged));
+    assert!(m.hidden().is_empty(), "out of hiding");
+    assert!(m.lazy().find(newest_purged.addr).is_some());
+    assert_eq!((m.lazy_pages(), m.lazy().objects()), (pages, objects));
+    m.check_invariants().unwrap();
+    assert!(m.claim(&one_page_req(0, &p), addrs[2]).is_ok());
+    m.check_invariants().unwrap();
+}
+
 /// `swap_purged_sized` trades areas of different sizes: the purged one comes back lazy, the
 /// lazy one is purged into its own pool, and the backlog changes by the size difference.
 #[test]
