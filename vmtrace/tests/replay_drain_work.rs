@@ -341,3 +341,35 @@ fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
     assert_eq!((r.npurged.compared, r.npurged.agreed), (1, 1));
     assert_eq!((r.placement.compared, r.placement.agreed), (4, 4));
 }
+
+/// A purge's loop pushes its batch into the pool one area at a time in address order, so an
+/// allocation during the loop finds the area the loop has just reached on top, not the
+/// batch's last. Four areas P0..P3 are purged by an item flushing at 6 µs whose event comes at
+/// 10 µs: paced over that span, P0 is pushed at 7 µs, P1 at 8 µs. The kernel takes P0 at 7.5
+/// µs (the reuse that shows the purge under way) and P1 at 8.5 µs, both predicted; with every
+/// entry pushed at once both predictions would be P3.
+#[test]
+fn allocations_during_the_purge_loop_find_the_entry_it_reached() {
+    let p: Vec<u64> = (0..4).map(|i| VMALLOC_START + i * AREA).collect();
+    let mut t = preamble();
+    for (i, &a) in p.iter().enumerate() {
+        t += &alloc(3000 + 100 * i as u64, a);
+    }
+    for (i, &a) in p.iter().enumerate() {
+        t += &free(4000 + 100 * i as u64, a, 4 * (i as u64 + 1));
+    }
+    t += &alloc(7500, p[0]);
+    t += &alloc(8500, p[1]);
+    t += &purge(10_000, KWORKER, 4);
+    t += &work_flushed(KWORKER, 5000, 20_000, Some(6000));
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.loop_entries_withheld, 3, "P1..P3 not reached at 7.5 µs");
+    assert_eq!(r.loop_entries_caught_up, 0);
+    assert_eq!(
+        (r.placement.compared, r.placement.agreed),
+        (6, 6),
+        "{:?}",
+        r.first_divergences
+    );
+    assert_eq!((r.npurged.compared, r.npurged.agreed), (1, 1));
+}

@@ -834,6 +834,17 @@ impl Model {
         p.out
     }
 
+    /// Takes the pooled entry `addr` out of `node`'s pool of `size` into hiding, for replay to
+    /// put back at the head later ([`Model::restore_pooled`]): an entry `purge_vmap_node`'s
+    /// loop had not reached yet. False if it is not pooled there.
+    pub fn withhold_pooled(&mut self, addr: u64, size: u64, node: u32) -> bool {
+        if self.pools.remove(addr, size, node).is_none() {
+            return false;
+        }
+        self.hidden.insert(addr, size);
+        true
+    }
+
     /// Puts hidden ranges back in `node`'s pool of `size`, the first of `addrs` at the head
     /// (replay: a pool it hid as missing in the kernel turned out to be there). Returns how many
     /// were.

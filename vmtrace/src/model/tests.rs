@@ -772,3 +772,30 @@ fn purge_node_pages_takes_a_node_prefix_by_age() {
     assert_eq!(m.lazy_pages(), 1);
     m.check_invariants().unwrap();
 }
+
+/// A withheld pool entry is neither pooled nor free until `restore_pooled` puts it back at the
+/// head; the invariants hold throughout.
+#[test]
+fn withheld_pool_entries_come_back_at_the_head() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs: Vec<u64> = (0..3)
+        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
+        .collect();
+    for &a in &addrs {
+        m.free(a).unwrap();
+    }
+    m.purge(false);
+    assert_eq!(m.pools().head(0, PAGE), Some(addrs[2]));
+    assert!(m.withhold_pooled(addrs[2], PAGE, 0));
+    assert!(m.withhold_pooled(addrs[1], PAGE, 0));
+    assert!(!m.withhold_pooled(addrs[1], PAGE, 0), "not pooled any more");
+    m.check_invariants().unwrap();
+    assert_eq!(m.pools().head(0, PAGE), Some(addrs[0]));
+    assert_eq!(m.restore_pooled(0, PAGE, &[addrs[1]]), 1);
+    assert_eq!(m.pools().head(0, PAGE), Some(addrs[1]));
+    assert_eq!(m.restore_pooled(0, PAGE, &[addrs[2]]), 1);
+    assert_eq!(m.pools().head(0, PAGE), Some(addrs[2]));
+    assert!(m.hidden().is_empty());
+    m.check_invariants().unwrap();
+}
