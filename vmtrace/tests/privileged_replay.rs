@@ -79,9 +79,11 @@ fn replay_of_real_stress_meets_the_floors() {
     // recorded and racing frees joined by it (later on 1 Dec 2026), three runs gave
     // 99.3–99.5 / 99.96–99.97 / 94.1–95.1 %, and the 20 s recordings 99.0–99.3 / 99.9–100 /
     // 90.0–96.2 %: the floors rose to 95 / 99 / 80 %. Without the flush probe (a kernel where
-    // it cannot attach) npurged is predicted from the start alone, 82–92 % here.
-    assert!(warm >= 95.0, "placement after warm-up {warm:.2} % < 95 %");
-    assert!(nr_lazy >= 99.0, "nr_lazy agreement {nr_lazy:.2} % < 99 %");
+    // it cannot attach) npurged is predicted from the start alone, 82–92 % here. With the backlog
+    // drop seen after a reuse and the purge loop paced (1 Dec 2026, session 7), two runs gave
+    // 99.50–99.57 / 99.99 / 93.5–94.0 %: the floors rose to 97 / 99.5 / 80 %.
+    assert!(warm >= 97.0, "placement after warm-up {warm:.2} % < 97 %");
+    assert!(nr_lazy >= 99.5, "nr_lazy agreement {nr_lazy:.2} % < 99.5 %");
     assert!(npurged >= 80.0, "npurged agreement {npurged:.2} % < 80 %");
     // No warnings are expected from a healthy recording, except frees the model cannot place:
     // once, on a machine at load average 10 (parallel builds and another stress running), 774 of
