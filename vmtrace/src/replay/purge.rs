@@ -1,0 +1,447 @@
+//! How replay follows a purge in observed timing: the drain item that runs it, the detach of
+//! each node's lazy list and the frees that race it, the decays, a purge applied before its
+//! event when the trace shows its effect early, and the pace of `purge_vmap_node`'s loops.
+
+use super::{DrainLookup, ReplayOptions, Replayer};
+
+impl<'o> Replayer<'o> {
+    /// The drain work item that runs the coming purge event started before `ts`: the kernel
+    /// decayed the pools and detached the lazy lists right after (`__purge_vmap_area_lazy`
+    /// begins with them), so events from here on see the decayed pools and their frees go to
+    /// the next batch. Starts the model's purge there.
+    pub(super) fn start_at_work(&mut self, ts: u64, ahead: &dyn DrainLookup) {
+        self.decay_due(ts);
+        if self.early.is_some() || self.pending_failure.is_some() {
+            return;
+        }
+        let Some(event) = ahead.next_purge() else {
+            return;
+        };
+        // Looked up once per purge event, not on every allocation and free before it (a miss
+        // is asked again: the item's record may not have been read ahead yet).
+        let item = match self.next_item {
+            Some((e, item)) if e == event => item,
+            _ => {
+                let Some(item) = ahead.drain_holding(event.0, event.1) else {
+                    return;
+                };
+                self.next_item = Some((event, item));
+                item
+            }
+        };
+        let start = item.start_ns;
+        if start > ts || start < self.last_purge_ts {
+            return;
+        }
+        self.restore_hidden_pools();
+        self.early_lazy_before = Some(self.model.lazy().objects());
+        let d = Detach {
+            start,
+            flush: item.flush_ns.filter(|&f| f >= start),
+        };
+        self.detach = Some(d);
+        self.early_is_split = false;
+        let limit = ahead.next_npurged().map(|n| n as usize);
+        // Every node's decay follows the kernel's clock (`decay_due`): its pools are cut right
+        // after the previous node's detach (node 0: at the start), and the cut entries reach
+        // the free tree at its own detach. On the 20 s traces of 1 Dec, placement after warm-up
+        // went from 99.24 to 99.58 % (fix-size) and 99.34 to 99.54 % (random-size) against
+        // decaying every node at the start; cutting and freeing at once gave 99.48 / 99.50 %.
+        let mut early = self.model.purge_start_deferring(limit);
+        self.plan_joins(&mut early, ahead);
+        self.early = Some(early);
+        self.work_starts += 1;
+        self.decay_due(ts);
+    }
+
+    /// Decays the pools of the started purge's nodes whose decay time has come by `ts`.
+    pub(super) fn decay_due(&mut self, ts: u64) {
+        let (Some(p), Some(d)) = (self.early.as_mut(), self.detach) else {
+            return;
+        };
+        let nodes = self.model.params().layout.nr_nodes();
+        let due: Vec<u32> = p
+            .undecayed()
+            .iter()
+            .copied()
+            .filter(|&n| d.decay_at(n, nodes, self.opts) <= ts)
+            .collect();
+        for node in due {
+            self.model.decay_begin(p, node);
+        }
+        for node in self.model.decaying_nodes() {
+            if d.at(node, nodes, self.opts) <= ts {
+                self.model.decay_end(p, node);
+            }
+        }
+    }
+
+    /// Which frees after the start join the purge's batches. The kernel took `npurged` areas:
+    /// what was lazy at the start, and the frees whose list insertions beat their node's
+    /// detach. Without more, those are the next frees in order; with the item's times, the
+    /// frees read ahead are ranked by how long before their node's predicted detach
+    /// ([`Detach::at`]) their events came, and the first ones join, node by node
+    /// (`joins_left`; applied in `free`).
+    pub(super) fn plan_joins(
+        &mut self,
+        p: &mut crate::model::PurgeInProgress,
+        ahead: &dyn DrainLookup,
+    ) {
+        self.joins_left.clear();
+        let want = p.joiners();
+        // From the start alone the detach is too loose a guess to beat free order: on an 8 s
+        // random-size trace without flush times ranking took `nr_lazy` from 99.99 to 99.90 %.
+        let Some(d) = self.detach.filter(|d| d.flush.is_some()) else {
+            return;
+        };
+        if want == 0 {
+            return;
+        }
+        let nodes = self.model.params().layout.nr_nodes();
+        let mut ranked: Vec<(i128, u32)> = ahead
+            .frees_ahead_timed(JOIN_SPAN)
+            .into_iter()
+            .filter_map(|(va, ts)| {
+                let node = self.model.lazy_node_of(va)?;
+                Some((
+                    i128::from(ts) - i128::from(d.at(node, nodes, self.opts)),
+                    node,
+                ))
+            })
+            .collect();
+        if ranked.len() < want {
+            return;
+        }
+        ranked.sort_by_key(|&(lead, _)| lead);
+        self.joins_left = vec![0; nodes as usize];
+        for &(_, node) in ranked.iter().take(want) {
+            if let Some(n) = self.joins_left.get_mut(node as usize) {
+                *n += 1;
+            }
+        }
+        p.hold_joins();
+    }
+
+    /// The first free after a purge event reports the kernel's backlog after the purge. When
+    /// the model keeps a different number of pages lazy, its batch (right in count, see the
+    /// top-up) held other areas than the kernel's: the detach race decides which of the frees
+    /// around the detach a node's batch takes, and with mixed sizes that shows in pages. One
+    /// lazy area and one batch area whose sizes differ by exactly the difference are swapped,
+    /// the newest of each first (the frees around the detach). Nothing is done when no pair
+    /// fits, or when the free is not in the model.
+    pub(super) fn reconcile_batch(
+        &mut self,
+        got: &mut crate::model::Purged,
+        ahead: &dyn DrainLookup,
+    ) {
+        let page = self.model.params().page_size;
+        let Some(&(va, nr)) = ahead.frees_ahead(1).first() else {
+            return;
+        };
+        let Some(own) = self.model.busy().get(&va).map(|b| b.size / page) else {
+            return;
+        };
+        let Some(kernel_left) = nr.checked_sub(own) else {
+            return;
+        };
+        let model_left = self.model.lazy_pages();
+        if model_left == kernel_left {
+            return;
+        }
+        let delta = model_left as i64 - kernel_left as i64;
+        let mut lazy: Vec<(u64, u64, u64)> = self
+            .model
+            .lazy()
+            .iter()
+            .map(|(_, a, l)| (l.seq, a, l.size / page))
+            .collect();
+        lazy.sort_unstable_by_key(|&(seq, _, _)| std::cmp::Reverse(seq));
+        let mut batch: Vec<crate::model::PurgedArea> = got.batch.clone();
+        batch.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
+        for &(_, a, a_pages) in lazy.iter().take(RECONCILE_SPAN) {
+            for b in batch.iter().take(RECONCILE_SPAN) {
+                if a_pages as i64 - (b.area.size / page) as i64 != delta {
+                    continue;
+                }
+                let Some((node, area)) = self.model.lazy().find(a) else {
+                    continue;
+                };
+                if self.model.swap_purged_sized(a, b) {
+                    self.reconciled += 1;
+                    got.batch.retain(|x| x.addr != b.addr);
+                    got.batch.push(crate::model::PurgedArea {
+                        addr: a,
+                        node,
+                        area,
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Puts every pool hidden whole since the last purge back, in its order, before a purge
+    /// decays the pools: the kernel decays `len >> 2` entries from each pool's head, so a pool
+    /// the model holds shorter than the kernel's decays other entries.
+    pub(super) fn restore_hidden_pools(&mut self) {
+        for h in std::mem::take(&mut self.hidden_pools) {
+            if h.back_before_decay {
+                self.pools_restored +=
+                    u64::from(self.model.restore_pooled(h.node, h.size, &h.entries));
+            }
+        }
+    }
+
+    /// Whether the pending purge may still be (further) applied early: not started, or some
+    /// nodes' batches not purged yet.
+    pub(super) fn early_open(&self) -> bool {
+        self.early.as_ref().is_none_or(|e| !e.is_done())
+    }
+
+    /// The trace showed a pending purge's effect before its event: start it now (decay, fix
+    /// every node's batch), unless the drain item that runs the coming purge event is known
+    /// (read ahead) and has not started yet. Then the kernel has not purged: the lower backlog
+    /// or the reused lazy range has another cause (a diverged state), and purging now would
+    /// move a whole batch of frees to the wrong purge, which every later `nr_lazy` and
+    /// `npurged` comparison would inherit. False when refused.
+    pub(super) fn start_early(&mut self, ahead: &dyn DrainLookup) -> bool {
+        if self.early.is_some() {
+            return true;
+        }
+        let item = ahead
+            .next_purge()
+            .and_then(|(pid, ts)| ahead.drain_holding(pid, ts));
+        if item.is_some_and(|d| self.last_ts < d.start_ns) {
+            self.drain_work.early_refused += 1;
+            return false;
+        }
+        self.early_lazy_before = Some(self.model.lazy().objects());
+        self.early_is_split = false;
+        let limit = ahead.next_npurged().map(|n| n as usize);
+        self.early = Some(self.model.purge_start(false, limit));
+        self.early_purges += 1;
+        true
+    }
+
+    /// Purges `nodes` of the early purge (every remaining one when `None`), and the nodes
+    /// whose batch is empty (the kernel runs no `purge_vmap_node` for them).
+    pub(super) fn purge_early_nodes(&mut self, nodes: Option<Vec<u32>>) {
+        let Some(mut e) = self.early.take() else {
+            return;
+        };
+        let empty: Vec<u32> = e
+            .remaining()
+            .iter()
+            .copied()
+            .filter(|&n| self.model.purge_batch_pages(&e, n) == 0)
+            .collect();
+        let part = nodes.unwrap_or_else(|| e.remaining().to_vec());
+        for n in part.into_iter().chain(empty) {
+            self.model.purge_node(&mut e, n);
+        }
+        self.recent_frees.clear();
+        if !e.is_done() && !self.early_is_split {
+            // Not the whole purge at one point: one node finished before the other.
+            self.early_is_split = true;
+            self.early_split += 1;
+        }
+        self.early = Some(e);
+    }
+
+    /// A free reported `dropped` pages less backlog than the model holds: the kernel's purge
+    /// has finished `purge_vmap_node` on some nodes, each subtracting its own batch. Purge the
+    /// nodes whose batches add up to exactly `dropped` (the kernel subtracts per node, so a
+    /// free between two nodes' ends sees only the first node's decrement); when no set of nodes
+    /// does, the whole purge, as before.
+    pub(super) fn purge_early_dropped(&mut self, dropped: u64, ahead: &dyn DrainLookup) {
+        if !self.start_early(ahead) {
+            return;
+        }
+        let Some(e) = &self.early else { return };
+        let nodes: Vec<(u32, u64)> = e
+            .remaining()
+            .iter()
+            .map(|&n| (n, self.model.purge_batch_pages(e, n)))
+            .filter(|&(_, p)| p > 0)
+            .collect();
+        let mut part = nodes_summing_to(&nodes, dropped);
+        if part.is_none() {
+            // No set of the common estimate's batches: one node's detach came earlier or later
+            // than the estimate. A node whose oldest areas add up to the drop finished alone.
+            let Some(mut e) = self.early.take() else {
+                return;
+            };
+            let one = nodes
+                .iter()
+                .find(|&&(n, _)| self.model.purge_node_pages(&mut e, n, dropped));
+            if one.is_some() {
+                self.recent_frees.clear();
+                if !e.is_done() && !self.early_is_split {
+                    self.early_is_split = true;
+                    self.early_split += 1;
+                }
+                part = Some(Vec::new());
+            }
+            self.early = Some(e);
+        }
+        self.purge_early_nodes(part);
+    }
+
+    /// The kernel allocated inside a range the model still holds lazy: its purge has run far
+    /// enough to pool or free it. Every remaining node is purged now. Purging only the node
+    /// whose batch holds the range (the kernel's nodes do finish one by one) was measured
+    /// worse: on a fix-size trace recorded at full speed (the purge worker competing with the
+    /// stress for both CPUs) it left the other node's batch lazy for long stretches, 79.97 %
+    /// placement and 96.68 % `nr_lazy` against 83.65 % and 99.72 % this way. A split is made
+    /// only on the stronger evidence of a backlog drop that matches some nodes' batches
+    /// exactly ([`Replayer::purge_early_dropped`]).
+    pub(super) fn purge_early_reused(&mut self, ahead: &dyn DrainLookup) {
+        if self.start_early(ahead) {
+            // The reuse shows a node's loop under way, not ended: its pages leave the backlog
+            // at the drop a later free reports, or at the event (1 Dec 2026: `nr_lazy` 99.87
+            // to 99.93 % on an 8 s fix-size trace, 99.85 to 99.88 % on a mixed one).
+            let from = self.early.as_ref().map_or(0, |e| e.so_far().batch.len());
+            self.model.defer_subtraction(true);
+            self.purge_early_nodes(None);
+            self.model.defer_subtraction(false);
+            self.loop_progress(from, ahead);
+        }
+    }
+
+    /// `purge_vmap_node` pushes its node's batch into the pools one area at a time, in address
+    /// order, node after node (the drain worker runs them itself below two full backlogs), from
+    /// right after the TLB flush; the model has just pushed the batch entries from `from` on at
+    /// once. The pooled ones the loops had not reached by now are withheld until their time,
+    /// at one pace from the flush to the purge event. An allocation in the meantime finds the
+    /// pools as the loops left them: on the 20 s captures of 1 Dec, placement after warm-up
+    /// went from 99.61 to 99.68 % (fix-size) and 99.41 to 99.55 % (thread-churn), and from
+    /// 98.99 to 99.52 % on a mixed one, mostly through fewer wrong pool hits and the hiding
+    /// they led to. Half or twice that pace did worse on all three. The exact entry the kernel
+    /// takes mid-loop still differs often: its pace jitters by more than the gap between two
+    /// areas (about 90 ns).
+    pub(super) fn loop_progress(&mut self, from: usize, ahead: &dyn DrainLookup) {
+        let (Some(e), Some(flush), Some((_, end))) = (
+            self.early.as_ref(),
+            self.detach.and_then(|d| d.flush),
+            ahead.next_purge(),
+        ) else {
+            return;
+        };
+        let batch = &e.so_far().batch;
+        let Some(fresh) = batch.get(from..).filter(|b| !b.is_empty()) else {
+            return;
+        };
+        if end <= flush {
+            return;
+        }
+        let mut order: Vec<(u32, u64, u64)> = fresh
+            .iter()
+            .map(|p| (p.node, p.addr, p.area.size))
+            .collect();
+        order.sort_unstable();
+        let per_area = (end - flush) / order.len() as u64;
+        let now = self.last_ts;
+        for (i, &(node, addr, size)) in order.iter().enumerate() {
+            let at = flush.saturating_add((i as u64 + 1).saturating_mul(per_area));
+            if at > now && self.model.withhold_pooled(addr, size, node) {
+                self.loop_pending.push_back((at, node, addr, size));
+                self.loop_withheld += 1;
+            }
+        }
+    }
+
+    /// Pushes the withheld loop entries whose time has come by `ts` (all with `u64::MAX`).
+    pub(super) fn loop_advance(&mut self, ts: u64) {
+        while let Some(&(at, node, addr, size)) = self.loop_pending.front() {
+            if at > ts {
+                break;
+            }
+            self.loop_pending.pop_front();
+            self.model.restore_pooled(node, size, &[addr]);
+        }
+    }
+
+    /// The kernel took `addr`: if the loops' pace had not reached it, they had, and every
+    /// entry before it is pushed now.
+    pub(super) fn loop_catch_up(&mut self, addr: u64) {
+        let Some(i) = self.loop_pending.iter().position(|&(_, _, a, _)| a == addr) else {
+            return;
+        };
+        self.loop_caught_up += 1;
+        for (_, node, a, size) in self.loop_pending.drain(..=i) {
+            self.model.restore_pooled(node, size, &[a]);
+        }
+    }
+}
+
+/// How many of the newest lazy and batch areas `Replayer::reconcile_batch` pairs up.
+const RECONCILE_SPAN: usize = 32;
+
+/// Most frees read ahead that [`Replayer::plan_joins`] ranks: more than race any one detach.
+const JOIN_SPAN: usize = 256;
+
+/// When a started purge detached each node's lazy list. `__purge_vmap_area_lazy` decays a
+/// node's pools and then detaches its list, node after node, and right after the last one
+/// queues its TLB flush; a free whose event comes before its node's detach is in the batch.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Detach {
+    /// The drain work item's start.
+    pub(super) start: u64,
+    /// Its TLB flush (`work.flush_ns`), when recorded.
+    pub(super) flush: Option<u64>,
+}
+
+impl Detach {
+    /// When node `node`'s pools decay: right after the previous node's detach (node 0: at the
+    /// start).
+    pub(super) fn decay_at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
+        match node.checked_sub(1) {
+            Some(prev) => self.at(prev, nodes, opts),
+            None => self.start,
+        }
+    }
+
+    /// Node `node`'s predicted detach. From the start: [`ReplayOptions::detach_delay_ns`] plus
+    /// one [`ReplayOptions::detach_step_ns`] per node before it. With the flush recorded, the
+    /// last node detaches at the flush and each earlier one a step before it, but no earlier
+    /// than the prediction from the start: on the 2-CPU reference machine that took `npurged`
+    /// agreement from 81 to 91 % (fix-size) and 84 to 95 % (random-size), see docs/model.md.
+    pub(super) fn at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
+        let forward = self
+            .start
+            .saturating_add(opts.detach_delay_ns)
+            .saturating_add(u64::from(node) * opts.detach_step_ns);
+        match self.flush {
+            None => forward,
+            Some(flush) => {
+                let later = u64::from(nodes.saturating_sub(node + 1));
+                let back = flush.saturating_sub(later * opts.detach_step_ns);
+                back.max(forward).min(flush)
+            }
+        }
+    }
+}
+
+/// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
+/// such set (the lowest node ids among equals), or `None` when none does or there are too many
+/// nodes to try every set.
+pub(super) fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
+    if nodes.len() > 16 {
+        return None;
+    }
+    (1u32..1 << nodes.len())
+        .filter(|mask| {
+            let sum: u64 = (0..nodes.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| nodes[i].1)
+                .sum();
+            sum == pages
+        })
+        .min_by_key(|mask| (mask.count_ones(), *mask))
+        .map(|mask| {
+            (0..nodes.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| nodes[i].0)
+                .collect()
+        })
+}
