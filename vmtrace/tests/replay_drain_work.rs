@@ -106,6 +106,20 @@ fn three_freed_and_purged(c_nr_lazy: u64) -> String {
     t
 }
 
+/// The preamble, then four areas P0..P3 at the bottom of the range allocated on CPU 0 and freed
+/// in order (P1's free schedules the drain).
+fn four_allocated_and_freed() -> (Vec<u64>, String) {
+    let p: Vec<u64> = (0..4).map(|i| VMALLOC_START + i * AREA).collect();
+    let mut t = preamble();
+    for (i, &a) in p.iter().enumerate() {
+        t += &alloc(3000 + 100 * i as u64, a);
+    }
+    for (i, &a) in p.iter().enumerate() {
+        t += &free(4000 + 100 * i as u64, a, 4 * (i as u64 + 1));
+    }
+    (p, t)
+}
+
 /// Strict replay with `lazy_max_pages` 4, so that B's free schedules the drain.
 fn options() -> ReplayOptions {
     ReplayOptions {
@@ -285,14 +299,7 @@ fn a_hidden_pool_seen_in_use_is_put_back() {
 /// them lower): P2 goes back, and the next allocation, P2, is predicted from the pool.
 #[test]
 fn entries_a_pool_skip_hid_come_back_when_one_is_used() {
-    let p: Vec<u64> = (0..4).map(|i| VMALLOC_START + i * AREA).collect();
-    let mut t = preamble();
-    for (i, &a) in p.iter().enumerate() {
-        t += &alloc(3000 + 100 * i as u64, a);
-    }
-    for (i, &a) in p.iter().enumerate() {
-        t += &free(4000 + 100 * i as u64, a, 4 * (i as u64 + 1));
-    }
+    let (p, mut t) = four_allocated_and_freed();
     t += &purge(5000, KWORKER, 4);
     for (i, &a) in [p[1], p[0], p[3], p[2]].iter().enumerate() {
         t += &alloc(6000 + 100 * i as u64, a);
@@ -350,14 +357,7 @@ fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
 /// entry pushed at once both predictions would be P3.
 #[test]
 fn allocations_during_the_purge_loop_find_the_entry_it_reached() {
-    let p: Vec<u64> = (0..4).map(|i| VMALLOC_START + i * AREA).collect();
-    let mut t = preamble();
-    for (i, &a) in p.iter().enumerate() {
-        t += &alloc(3000 + 100 * i as u64, a);
-    }
-    for (i, &a) in p.iter().enumerate() {
-        t += &free(4000 + 100 * i as u64, a, 4 * (i as u64 + 1));
-    }
+    let (p, mut t) = four_allocated_and_freed();
     t += &alloc(7500, p[0]);
     t += &alloc(8500, p[1]);
     t += &purge(10_000, KWORKER, 4);

@@ -567,9 +567,7 @@ fn purge_oldest_and_unpurge() {
 fn swap_purged_trades_lazy_for_purged() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
-    let addrs: Vec<u64> = (0..3)
-        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
-        .collect();
+    let addrs = one_page_areas(&mut m, &p, 3);
     m.free(addrs[0]).unwrap();
     m.free(addrs[1]).unwrap();
     m.free(addrs[2]).unwrap();
@@ -616,9 +614,7 @@ fn swap_purged_trades_lazy_for_purged() {
 fn swap_purged_takes_a_hidden_area_back() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
-    let addrs: Vec<u64> = (0..3)
-        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
-        .collect();
+    let addrs = one_page_areas(&mut m, &p, 3);
     for &a in &addrs {
         m.free(a).unwrap();
     }
@@ -779,13 +775,7 @@ fn purge_node_pages_takes_a_node_prefix_by_age() {
 fn withheld_pool_entries_come_back_at_the_head() {
     let p = params(Variant::Nodes);
     let mut m = Model::new(p.clone()).unwrap();
-    let addrs: Vec<u64> = (0..3)
-        .map(|_| m.alloc(&one_page_req(0, &p)).unwrap().unwrap().addr)
-        .collect();
-    for &a in &addrs {
-        m.free(a).unwrap();
-    }
-    m.purge(false);
+    let addrs = pooled_one_page_areas(&mut m, &p, 3);
     assert_eq!(m.pools().head(0, PAGE), Some(addrs[2]));
     assert!(m.withhold_pooled(addrs[2], PAGE, 0));
     assert!(m.withhold_pooled(addrs[1], PAGE, 0));
