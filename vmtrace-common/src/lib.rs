@@ -32,7 +32,8 @@ pub mod kind {
     /// richer rung). Fields: see [`super::contention`].
     pub const CONTENTION: u32 = 4;
     /// One purge work item (`workqueue:workqueue_execute_start/_end` filtered to the vmap work
-    /// functions, or entry/exit of `purge_vmap_node`). Fields: see [`super::work`].
+    /// functions), or on the richer rungs one call of `purge_vmap_node` or of
+    /// `decay_va_pool_node`. Fields: see [`super::work`].
     pub const WORK: u32 = 5;
     /// One kernel page-table page allocated for vmalloc space. Fields: see [`super::ptpage`].
     pub const PT_PAGE: u32 = 6;
@@ -62,7 +63,8 @@ pub mod contention {
 
 /// Field slots of a [`kind::WORK`] event.
 pub mod work {
-    /// `struct work_struct *`, or the `struct vmap_node *` on the fentry/kprobe rungs.
+    /// `struct work_struct *`; on the fentry/kprobe rungs `&vn->purge_work` (`purge_vmap_node`)
+    /// or the `struct vmap_node *` (`decay_va_pool_node`).
     pub const WORK: usize = 0;
     pub const FUNCTION: usize = 1;
     pub const START_NS: usize = 2;
@@ -287,6 +289,12 @@ pub mod names {
     pub const PROG_FEXIT_PURGE_NODE: &str = "fexit_purge_vmap_node";
     pub const PROG_KPROBE_PURGE_NODE: &str = "kprobe_purge_vmap_node";
     pub const PROG_KRETPROBE_PURGE_NODE: &str = "kretprobe_purge_vmap_node";
+    pub const PROG_FENTRY_DECAY: &str = "fentry_decay_va_pool_node";
+    pub const PROG_FEXIT_DECAY: &str = "fexit_decay_va_pool_node";
+    pub const PROG_KPROBE_DECAY: &str = "kprobe_decay_va_pool_node";
+    pub const PROG_KRETPROBE_DECAY: &str = "kretprobe_decay_va_pool_node";
+    /// Address of `decay_va_pool_node`: the `function` of its [`super::kind::WORK`] records.
+    pub const DECAY_FUNC: &str = "DECAY_FUNC";
     pub const PROG_FENTRY_PTE: &str = "fentry_pte_alloc_kernel";
     pub const PROG_KPROBE_PTE: &str = "kprobe_pte_alloc_kernel";
     pub const PROG_FENTRY_SPIN: &str = "fentry_spin_slowpath";

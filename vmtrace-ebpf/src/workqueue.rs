@@ -1,7 +1,8 @@
 //! Purge work: `workqueue:workqueue_execute_start` / `_end` (`include/trace/events/workqueue.h`;
 //! checked on 6.18) filtered in the kernel to the vmap work functions (`drain_vmap_area_work`,
 //! `purge_vmap_node`, addresses from `/proc/kallsyms`), and on the richer rungs entry/exit of
-//! `purge_vmap_node` itself with `vn->nr_purged` read at the offset BTF gives.
+//! `purge_vmap_node` itself with `vn->nr_purged` read at the offset BTF gives, and of
+//! `decay_va_pool_node`, whose exit times each node's lazy-list detach.
 //!
 //! The start is keyed by the work item's address, not by CPU: a work item on an unbound
 //! workqueue may be picked up by a worker that later migrates.
@@ -55,6 +56,9 @@ static FLUSH_FUNCS: Global<[u64; 2]> = Global::new([0; 2]);
 /// unknown.
 #[unsafe(no_mangle)]
 static NR_PURGED_OFFSET: Global<u64> = Global::new(u64::MAX);
+/// Address of `decay_va_pool_node` (0 = absent), the `function` of its records.
+#[unsafe(no_mangle)]
+static DECAY_FUNC: Global<u64> = Global::new(0);
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -71,9 +75,14 @@ static WORK_START: HashMap<u64, Started> = HashMap::with_max_entries(1024, 0);
 #[map]
 static DRAIN_FLUSH: HashMap<u32, u64> = HashMap::with_max_entries(256, 0);
 
-/// Purge-node calls in flight on the richer rungs, by thread id: `(vn, start)`.
+/// Purge-node calls in flight on the richer rungs, by thread id: `(&vn->purge_work, start,
+/// cpu)`.
 #[map]
 static NODE_START: HashMap<u32, [u64; 3]> = HashMap::with_max_entries(1024, 0);
+
+/// Pool decays in flight on the richer rungs, by thread id: `(vn, start, cpu)`.
+#[map]
+static DECAY_START: HashMap<u32, [u64; 3]> = HashMap::with_max_entries(1024, 0);
 
 #[inline(always)]
 fn is_vmap_work(function: u64) -> bool {
@@ -198,31 +207,40 @@ tracepoint_programs!(
     on_csd_queue
 );
 
+/// Entry of a timed call: `arg` (the node or its work) and the time and CPU, by thread id.
 #[inline(always)]
-fn node_enter(vn: u64) {
+fn call_enter(calls: &HashMap<u32, [u64; 3]>, arg: u64) {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let v = [vn, now_ns(), this_cpu()];
-    let _ = NODE_START.insert(tid, v, 0);
+    let v = [arg, now_ns(), this_cpu()];
+    let _ = calls.insert(tid, v, 0);
 }
 
+/// Exit of a timed call: one `WORK` record for `function`, with `nr_purged` read at
+/// `nr_purged_offset` from the call's argument (`u64::MAX`: not read).
 #[inline(always)]
-fn node_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
+fn call_exit<C: EbpfContext>(
+    ctx: &C,
+    calls: &HashMap<u32, [u64; 3]>,
+    function: u64,
+    nr_purged_offset: u64,
+) -> Result<(), i32> {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: map value copied out before the delete.
-    let Some(s) = (unsafe { NODE_START.get(tid) }).copied() else {
+    let Some(s) = (unsafe { calls.get(tid) }).copied() else {
         return Ok(());
     };
-    let _ = NODE_START.remove(tid);
-    let off = NR_PURGED_OFFSET.load();
-    let nr_purged = if off == u64::MAX || s[0] == 0 {
+    let _ = calls.remove(tid);
+    let nr_purged = if nr_purged_offset == u64::MAX || s[0] == 0 {
         u64::MAX
     } else {
-        // SAFETY: a kernel pointer the kernel passed to purge_vmap_node; a bad read is an error.
-        unsafe { bpf_probe_read_kernel((s[0] + off) as *const u64) }.unwrap_or(u64::MAX)
+        // SAFETY: a kernel pointer the kernel passed to the traced function; a bad read is an
+        // error.
+        unsafe { bpf_probe_read_kernel((s[0] + nr_purged_offset) as *const u64) }
+            .unwrap_or(u64::MAX)
     };
     let mut v = [0u64; MAX_FIELDS];
     v[w::WORK] = s[0];
-    v[w::FUNCTION] = WORK_FUNCS.load()[1];
+    v[w::FUNCTION] = function;
     v[w::START_NS] = s[1];
     v[w::DURATION_NS] = now_ns().saturating_sub(s[1]);
     v[w::START_CPU] = s[2];
@@ -231,11 +249,26 @@ fn node_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
     emit_values(ctx, kind::WORK, &v)
 }
 
+#[inline(always)]
+fn node_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
+    call_exit(
+        ctx,
+        &NODE_START,
+        WORK_FUNCS.load()[1],
+        NR_PURGED_OFFSET.load(),
+    )
+}
+
+#[inline(always)]
+fn decay_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
+    call_exit(ctx, &DECAY_START, DECAY_FUNC.load(), u64::MAX)
+}
+
 /// `purge_vmap_node(struct work_struct *work)`: `work` is `&vn->purge_work`, so user space
 /// subtracts that member's BTF offset to get the node.
 #[fentry(function = "purge_vmap_node")]
 pub fn fentry_purge_vmap_node(ctx: FEntryContext) -> u32 {
-    node_enter(ctx.arg(0));
+    call_enter(&NODE_START, ctx.arg(0));
     0
 }
 
@@ -249,13 +282,45 @@ pub fn fexit_purge_vmap_node(ctx: FExitContext) -> u32 {
 
 #[kprobe]
 pub fn kprobe_purge_vmap_node(ctx: ProbeContext) -> u32 {
-    node_enter(ctx.arg(0).unwrap_or(0));
+    call_enter(&NODE_START, ctx.arg(0).unwrap_or(0));
     0
 }
 
 #[kretprobe]
 pub fn kretprobe_purge_vmap_node(ctx: RetProbeContext) -> u32 {
     match node_exit(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// `decay_va_pool_node(struct vmap_node *vn, bool full_decay)`. `__purge_vmap_area_lazy` runs
+/// it for every node in turn and detaches the node's lazy list right after it returns, so its
+/// exit times the detach, which no tracepoint marks; the frees that raced the detach are the
+/// ones replay cannot place without it.
+#[fentry(function = "decay_va_pool_node")]
+pub fn fentry_decay_va_pool_node(ctx: FEntryContext) -> u32 {
+    call_enter(&DECAY_START, ctx.arg(0));
+    0
+}
+
+#[fexit(function = "decay_va_pool_node")]
+pub fn fexit_decay_va_pool_node(ctx: FExitContext) -> u32 {
+    match decay_exit(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+#[kprobe]
+pub fn kprobe_decay_va_pool_node(ctx: ProbeContext) -> u32 {
+    call_enter(&DECAY_START, ctx.arg(0).unwrap_or(0));
+    0
+}
+
+#[kretprobe]
+pub fn kretprobe_decay_va_pool_node(ctx: RetProbeContext) -> u32 {
+    match decay_exit(&ctx) {
         Ok(()) => 0,
         Err(_) => 1,
     }

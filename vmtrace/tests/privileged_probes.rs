@@ -567,3 +567,14 @@ fn page_table_pages_follow_new_2mib_slots() {
         "PageTables grew {pt_delta_kb} kB for {all_pt} table pages"
     );
 }
+
+/// The kprobe rung cannot attach on the reference kernel (no `CONFIG_KPROBES`), but its programs
+/// still go through the verifier here, so a box with kprobes does not meet them untested.
+#[test]
+fn kprobe_rung_programs_pass_the_verifier() {
+    if !privileged() {
+        return;
+    }
+    let refused = vmtrace::probe::loader::verify_kprobe_programs().expect("probe object loads");
+    assert!(refused.is_empty(), "refused by the verifier: {refused:?}");
+}

@@ -65,6 +65,15 @@ fn work_flushed(pid: u32, start: u64, end: u64, flush: Option<u64>) -> String {
     )
 }
 
+/// One `decay_va_pool_node` call of task `pid` from `start` to `end` (the richer rungs of
+/// `purge_work`), on node `vn`.
+fn decay(pid: u32, start: u64, end: u64, vn: u64) -> String {
+    format!(
+        "{{\"type\":\"work\",\"ts_ns\":{end},\"cpu\":1,\"tgid\":{pid},\"pid\":{pid},\"comm\":\"kworker/1:1\",\"function\":\"decay_va_pool_node\",\"function_addr\":\"0xffffffff81608440\",\"work\":\"{vn:#x}\",\"start_ns\":{start},\"duration_ns\":{},\"start_cpu\":1}}\n",
+        end - start
+    )
+}
+
 /// Three 4-page areas A, B, C allocated and freed with `lazy_max_pages` 4: B's free schedules
 /// the drain. C's free reports a backlog below the model's (the kernel's state diverged for
 /// some other reason), which is what makes replay purge early. The kernel's purge event
@@ -256,6 +265,60 @@ fn the_racing_free_that_beat_its_nodes_detach_joins() {
         (untimed.placement.compared, untimed.placement.agreed),
         (5, 4)
     );
+}
+
+/// Timed pool decays (fentry/kprobe rungs) place each node's detach where the flush can only
+/// bound it. A and B are lazy when the item starts at 4 150 ns; X (node 0) is freed at `x_free`;
+/// the flush at 40 µs predicts node 0's detach at 20 µs. The decays of task `decay_pid` end at
+/// `node0_end` (node 0) and 39.9 µs (node 1), and the kernel purged `npurged`.
+fn racing_free_with_decays(x_free: u64, node0_end: u64, decay_pid: u32, npurged: u32) -> Report {
+    let (a, b, x) = (
+        VMALLOC_START,
+        VMALLOC_START + AREA,
+        VMALLOC_START + 2 * AREA,
+    );
+    let mut t = preamble();
+    t += &alloc(3000, a);
+    t += &alloc(3100, b);
+    t += &alloc(3200, x);
+    t += &free(4000, a, 4);
+    t += &free(4100, b, 8);
+    let mut body = vec![(x_free, free(x_free, x, 12))];
+    body.push((node0_end, decay(decay_pid, 4200, node0_end, 0x1000)));
+    body.push((39_900, decay(decay_pid, node0_end + 50, 39_900, 0x2000)));
+    body.sort_by_key(|(ts, _)| *ts);
+    for (_, line) in body {
+        t += &line;
+    }
+    t += &purge(50_000, KWORKER, npurged);
+    t += &work_flushed(KWORKER, 4150, 60_000, Some(40_000));
+    replay(t.as_bytes(), &options()).expect("replay")
+}
+
+#[test]
+fn timed_decays_place_each_nodes_detach() {
+    // X's free at 30 µs, after the predicted detach (20 µs) but before node 0's decay ended at
+    // 35 µs: the kernel took it, and only the timed decay says so.
+    let late_detach = racing_free_with_decays(30_000, 35_000, KWORKER, 3);
+    assert_eq!(late_detach.purges[0].predicted_npurged, 3);
+    assert_eq!(
+        (late_detach.npurged.compared, late_detach.npurged.agreed),
+        (1, 1)
+    );
+    // X's free at 15 µs, before the predicted detach but after node 0's decay ended at 12 µs:
+    // the kernel left it for the next purge.
+    let early_detach = racing_free_with_decays(15_000, 12_000, KWORKER, 2);
+    assert_eq!(early_detach.purges[0].predicted_npurged, 2);
+    assert_eq!(
+        (early_detach.npurged.compared, early_detach.npurged.agreed),
+        (1, 1)
+    );
+    // Decays of another task ran in no drain item of this purge: the flush's prediction
+    // stands, and misses both.
+    let other = racing_free_with_decays(30_000, 35_000, KWORKER + 1, 3);
+    assert_eq!(other.purges[0].predicted_npurged, 2);
+    let other = racing_free_with_decays(15_000, 12_000, KWORKER + 1, 2);
+    assert_eq!(other.purges[0].predicted_npurged, 3);
 }
 
 #[test]

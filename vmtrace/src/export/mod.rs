@@ -208,6 +208,8 @@ impl Metrics {
                     self.lock_wait[i].observe(c.wait_ns);
                 }
             }
+            // A pool decay is a step inside a purge, not a purge's run: it would be counted twice.
+            Record::Work(w) if w.function == crate::probe::ladder::DECAY_FUNCTION => {}
             Record::Work(w) => self.purge_duration.observe(w.duration_ns),
             Record::Latency(l) => self.alloc_latency.observe(l.latency_ns),
             Record::PtPage(p) => {

@@ -72,6 +72,10 @@ const fn p(program: &'static str, target: &'static str, ret: bool) -> ProgSpec {
     }
 }
 
+/// The pool decay `__purge_vmap_area_lazy` runs for each node right before detaching its lazy
+/// list: timed on the richer rungs of `purge_work`, it marks every node's detach.
+pub const DECAY_FUNCTION: &str = "decay_va_pool_node";
+
 pub const NO_LATENCY: &str = "n/a: no latency without fentry/kprobe";
 
 pub const LOGICAL: [Logical; 5] = [
@@ -96,10 +100,14 @@ pub const LOGICAL: [Logical; 5] = [
         fentry: &[
             p(names::PROG_FENTRY_PURGE_NODE, "purge_vmap_node", false),
             p(names::PROG_FEXIT_PURGE_NODE, "purge_vmap_node", true),
+            p(names::PROG_FENTRY_DECAY, DECAY_FUNCTION, false),
+            p(names::PROG_FEXIT_DECAY, DECAY_FUNCTION, true),
         ],
         kprobe: &[
             p(names::PROG_KPROBE_PURGE_NODE, "purge_vmap_node", false),
             p(names::PROG_KRETPROBE_PURGE_NODE, "purge_vmap_node", true),
+            p(names::PROG_KPROBE_DECAY, DECAY_FUNCTION, false),
+            p(names::PROG_KRETPROBE_DECAY, DECAY_FUNCTION, true),
         ],
         tracepoint: &[
             p(
@@ -109,7 +117,7 @@ pub const LOGICAL: [Logical; 5] = [
             ),
             p(names::PROG_WQ_END, "workqueue:workqueue_execute_end", false),
         ],
-        tracepoint_note: Some("per work item, not per node; no nr_purged"),
+        tracepoint_note: Some("per work item, not per node; no nr_purged; no detach times"),
     },
     Logical {
         name: "page_tables",
@@ -266,6 +274,29 @@ pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -
         });
     }
     choices
+}
+
+/// Loads every kprobe-rung program of `object` through the kernel's verifier without attaching
+/// it: `(program, why it was refused)` for each one refused. A kernel without kprobes (the
+/// reference one) can still verify them, so the richer rungs are checked beyond compiling.
+pub fn verify_kprobe_programs(object: &[u8]) -> Result<Vec<(&'static str, String)>, String> {
+    let mut trial = None;
+    let ebpf = trial_object(object, &mut trial)?;
+    let mut refused = Vec::new();
+    for spec in LOGICAL.iter().flat_map(|l| l.kprobe) {
+        let Some(prog) = ebpf.program_mut(spec.program) else {
+            refused.push((spec.program, "missing from the object".to_string()));
+            continue;
+        };
+        let loaded = match <&mut KProbe>::try_from(prog) {
+            Ok(p) => p.load().map_err(|e| describe_error("verifier load", &e)),
+            Err(e) => Err(describe_error("type check", &e)),
+        };
+        if let Err(why) = loaded {
+            refused.push((spec.program, why));
+        }
+    }
+    Ok(refused)
 }
 
 fn trial_object<'a>(object: &[u8], trial: &'a mut Option<Ebpf>) -> Result<&'a mut Ebpf, String> {

@@ -70,6 +70,11 @@ pub const TRACEPOINTS: [TracepointSpec; 3] = [
 /// The probe object compiled by `build.rs` from `vmtrace-ebpf`.
 static PROBES_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmtrace"));
 
+/// [`ladder::verify_kprobe_programs`] on the embedded probe object.
+pub fn verify_kprobe_programs() -> Result<Vec<(&'static str, String)>, String> {
+    ladder::verify_kprobe_programs(PROBES_OBJECT)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     #[error(
@@ -537,6 +542,11 @@ impl LoadedProbes {
             FLUSH_FUNCTIONS.map(|f| k.addr_of(f).unwrap_or(0))
         });
         loader.override_global(names::FLUSH_FUNCS, &flush_funcs, true);
+        let decay_func = ksyms
+            .as_ref()
+            .and_then(|k| k.addr_of(ladder::DECAY_FUNCTION))
+            .unwrap_or(0);
+        loader.override_global(names::DECAY_FUNC, &decay_func, true);
         let (lock_ranges, pt_ranges, map_ranges, page_ranges, work_funcs) = match &ksyms {
             Some(k) => {
                 let pt_on_tracepoint = choices

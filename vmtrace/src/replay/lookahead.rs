@@ -30,6 +30,16 @@ pub const MAX_RECORDS: usize = 1 << 16;
 /// The kernel function of the drain work item in `work` records.
 pub const DRAIN_FUNCTION: &str = "drain_vmap_area_work";
 
+/// The pool decays of the richer rungs in `work` records: each node's, right before its detach.
+pub use crate::probe::ladder::DECAY_FUNCTION;
+
+/// Most pool decays remembered, whatever the window. A decay's record comes before the record
+/// of the drain item it ran in (written at the item's end), and the decays are looked up only
+/// when replay reaches that item's start, possibly after handing them out: so they are kept
+/// past their hand-out, the newest this many (two per purge on two nodes; a purge's decays
+/// come within its item, well inside [`WINDOW_NS`]).
+pub const MAX_DECAYS: usize = 4096;
+
 /// One drain work item: the kworker's pid and its `[start, end]` in CLOCK_BOOTTIME ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrainItem {
@@ -70,6 +80,9 @@ pub struct Lookahead<R: BufRead> {
     /// not walk the whole buffer (replay asks on every free while a drain is pending).
     drains: VecDeque<(u64, DrainItem)>,
     purges: VecDeque<(u64, u32, u64, u32)>,
+    /// The newest pool decays read, as `(pid, start_ns, end_ns)`, kept after hand-out (see
+    /// [`MAX_DECAYS`]).
+    decays: VecDeque<(u32, u64, u64)>,
     /// Frees among `buf` as `(index, va_start, nr_lazy, ts)`, for [`DrainLookup::frees_ahead`].
     frees: VecDeque<(u64, u64, u64, u64)>,
     /// Stream index of the next record read, and of the next handed out.
@@ -94,6 +107,7 @@ impl<R: BufRead> Lookahead<R> {
             buf: VecDeque::new(),
             drains: VecDeque::new(),
             purges: VecDeque::new(),
+            decays: VecDeque::new(),
             frees: VecDeque::new(),
             read: 0,
             handed: 0,
@@ -143,6 +157,14 @@ impl<R: BufRead> Lookahead<R> {
                         } else if let Record::Free(f) = rec {
                             self.frees
                                 .push_back((self.read, f.va_start.0, f.nr_lazy, f.ctx.ts_ns));
+                        } else if let Record::Work(w) = rec {
+                            if w.function == DECAY_FUNCTION {
+                                if self.decays.len() >= MAX_DECAYS {
+                                    self.decays.pop_front();
+                                }
+                                let end = w.start_ns.saturating_add(w.duration_ns);
+                                self.decays.push_back((w.ctx.pid, w.start_ns, end));
+                            }
                         }
                     }
                     self.read += 1;
@@ -184,6 +206,21 @@ impl<R: BufRead> Lookahead<R> {
             .find(|d| d.holds(pid, ts))
     }
 
+    /// The pool decays that ran in drain item `item`, as `(start_ns, end_ns)` in the order
+    /// they ran: node 0's first, as `__purge_vmap_area_lazy` goes through the nodes.
+    pub fn decays_in(&self, item: &DrainItem) -> Vec<(u64, u64)> {
+        let mut d: Vec<(u64, u64)> = self
+            .decays
+            .iter()
+            .filter(|&&(pid, start, end)| {
+                pid == item.pid && item.start_ns <= start && end <= item.end_ns
+            })
+            .map(|&(_, start, end)| (start, end))
+            .collect();
+        d.sort_unstable();
+        d
+    }
+
     /// The next purge event read ahead, as `(pid, ts)`.
     pub fn next_purge(&self) -> Option<(u32, u64)> {
         self.purges.front().map(|&(_, pid, ts, _)| (pid, ts))
@@ -221,6 +258,11 @@ impl<R: BufRead> Lookahead<R> {
 pub trait DrainLookup {
     /// The drain item holding a purge event of task `pid` at `ts`, if read ahead.
     fn drain_holding(&self, pid: u32, ts: u64) -> Option<DrainItem>;
+    /// The pool decays that ran in `item`, in order, as `(start_ns, end_ns)`; empty when not
+    /// recorded (the tracepoint rung cannot time them).
+    fn decays_in(&self, _item: &DrainItem) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
     /// The next purge event read ahead, as `(pid, ts)`.
     fn next_purge(&self) -> Option<(u32, u64)>;
     /// `npurged` of the next purge event read ahead: how many lazy areas its detach took.
@@ -238,6 +280,9 @@ pub trait DrainLookup {
 impl<R: BufRead> DrainLookup for Lookahead<R> {
     fn drain_holding(&self, pid: u32, ts: u64) -> Option<DrainItem> {
         Lookahead::drain_holding(self, pid, ts)
+    }
+    fn decays_in(&self, item: &DrainItem) -> Vec<(u64, u64)> {
+        Lookahead::decays_in(self, item)
     }
     fn next_purge(&self) -> Option<(u32, u64)> {
         Lookahead::next_purge(self)
@@ -260,7 +305,8 @@ mod tests {
     const HEADER_AND_SNAPSHOT: usize = 2;
 
     /// A trace body: `(ts, kind)` with kind `p` (purge by pid 7), `w` (drain item of pid 7 from
-    /// ts - 50 to ts) or `m` (a meminfo sample), after a header and snapshot taken from synth.
+    /// ts - 50 to ts), `d` / `e` (a pool decay of pid 7 / 8 from ts - 10 to ts) or `m` (a
+    /// meminfo sample), after a header and snapshot taken from synth.
     fn trace(events: &[(u64, char)]) -> Vec<u8> {
         let p = crate::synth::SynthParams {
             mask: 1,
@@ -281,6 +327,7 @@ mod tests {
             out += &match kind {
                 'p' => format!("{{\"type\":\"purge\",\"ts_ns\":{ts},\"cpu\":0,\"tgid\":7,\"pid\":7,\"comm\":\"k\",\"start\":\"0x0\",\"end\":\"0x0\",\"npurged\":0}}\n"),
                 'w' => format!("{{\"type\":\"work\",\"ts_ns\":{ts},\"cpu\":0,\"tgid\":7,\"pid\":7,\"comm\":\"k\",\"function\":\"drain_vmap_area_work\",\"function_addr\":\"0x1\",\"work\":\"0x2\",\"start_ns\":{},\"duration_ns\":50,\"start_cpu\":0}}\n", ts - 50),
+                'd' | 'e' => format!("{{\"type\":\"work\",\"ts_ns\":{ts},\"cpu\":0,\"tgid\":7,\"pid\":{},\"comm\":\"k\",\"function\":\"decay_va_pool_node\",\"function_addr\":\"0x3\",\"work\":\"0x4\",\"start_ns\":{},\"duration_ns\":10,\"start_cpu\":0}}\n", if kind == 'd' { 7 } else { 8 }, ts - 10),
                 _ => format!("{{\"type\":\"meminfo\",\"ts_ns\":{ts},\"page_tables_kb\":1,\"vmalloc_used_kb\":1}}\n"),
             };
         }
@@ -292,6 +339,30 @@ mod tests {
         reader.read_header().expect("header");
         assert!(matches!(reader.next(), Some(Ok(Record::Vmallocinfo(_)))));
         Lookahead::with_limits(reader, window, max)
+    }
+
+    #[test]
+    fn decays_handed_out_before_their_item_is_read_are_still_found() {
+        // The item runs 970..1020. Its two decays end at 985 and 995; one of another task at 990
+        // and one of this task before the item (960) do not belong to it.
+        let bytes = trace(&[
+            (960, 'd'),
+            (985, 'd'),
+            (990, 'e'),
+            (995, 'd'),
+            (1000, 'p'),
+            (1020, 'w'),
+        ]);
+        // A window so short that the decays are handed out before the item's record is read.
+        let mut a = opened(&bytes, 1, 1000);
+        for _ in 0..4 {
+            assert!(matches!(a.next_record(), Some(Ok(Record::Work(_)))));
+        }
+        assert!(matches!(a.next_record(), Some(Ok(Record::Purge(_)))));
+        let item = a.drain_holding(7, 1000).expect("item read ahead");
+        assert_eq!(a.decays_in(&item), vec![(975, 985), (985, 995)]);
+        let other = DrainItem { pid: 9, ..item };
+        assert!(a.decays_in(&other).is_empty());
     }
 
     #[test]

@@ -1135,7 +1135,7 @@ impl<'o> Replayer<'o> {
                 self.model.join_last_free(p, got.node);
             }
         }
-        if let (Some(d), Some(n)) = (self.detach, self.early_lazy_before.as_mut()) {
+        if let (Some(d), Some(n)) = (self.detach.as_ref(), self.early_lazy_before.as_mut()) {
             let nodes = self.model.params().layout.nr_nodes();
             if f.ctx.ts_ns < d.at(got.node, nodes, self.opts) {
                 // Predicted to be on the lists before the detach.

@@ -38,6 +38,7 @@ impl<'o> Replayer<'o> {
         let d = Detach {
             start,
             flush: item.flush_ns.filter(|&f| f >= start),
+            decays: ahead.decays_in(&item),
         };
         self.detach = Some(d);
         self.early_is_split = false;
@@ -56,7 +57,7 @@ impl<'o> Replayer<'o> {
 
     /// Decays the pools of the started purge's nodes whose decay time has come by `ts`.
     pub(super) fn decay_due(&mut self, ts: u64) {
-        let (Some(p), Some(d)) = (self.early.as_mut(), self.detach) else {
+        let (Some(p), Some(d)) = (self.early.as_mut(), self.detach.as_ref()) else {
             return;
         };
         let nodes = self.model.params().layout.nr_nodes();
@@ -89,15 +90,19 @@ impl<'o> Replayer<'o> {
     ) {
         self.joins_left.clear();
         let want = p.joiners();
+        let nodes = self.model.params().layout.nr_nodes();
         // From the start alone the detach is too loose a guess to beat free order: on an 8 s
         // random-size trace without flush times ranking took `nr_lazy` from 99.99 to 99.90 %.
-        let Some(d) = self.detach.filter(|d| d.flush.is_some()) else {
+        let Some(d) = self
+            .detach
+            .as_ref()
+            .filter(|d| d.flush.is_some() || d.timed(nodes))
+        else {
             return;
         };
         if want == 0 {
             return;
         }
-        let nodes = self.model.params().layout.nr_nodes();
         let mut ranked: Vec<(i128, u32)> = ahead
             .frees_ahead_timed(JOIN_SPAN)
             .into_iter()
@@ -322,7 +327,7 @@ impl<'o> Replayer<'o> {
     pub(super) fn loop_progress(&mut self, from: usize, ahead: &dyn DrainLookup) {
         let (Some(e), Some(flush), Some((_, end))) = (
             self.early.as_ref(),
-            self.detach.and_then(|d| d.flush),
+            self.detach.as_ref().and_then(|d| d.flush),
             ahead.next_purge(),
         ) else {
             return;
@@ -383,18 +388,33 @@ const JOIN_SPAN: usize = 256;
 /// When a started purge detached each node's lazy list. `__purge_vmap_area_lazy` decays a
 /// node's pools and then detaches its list, node after node, and right after the last one
 /// queues its TLB flush; a free whose event comes before its node's detach is in the batch.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Detach {
     /// The drain work item's start.
     pub(super) start: u64,
     /// Its TLB flush (`work.flush_ns`), when recorded.
     pub(super) flush: Option<u64>,
+    /// The item's pool decays, `(start_ns, end_ns)` in the order they ran, when a richer rung
+    /// timed them (`decay_va_pool_node`): the `n`-th is node `n`'s, and its end is that node's
+    /// detach, known rather than predicted.
+    pub(super) decays: Vec<(u64, u64)>,
 }
 
 impl Detach {
+    /// Whether the decays were timed, one per node: with some missing, which node each belongs
+    /// to is unknown, and the prediction from the start and flush is used instead.
+    pub(super) fn timed(&self, nodes: u32) -> bool {
+        self.decays.len() == nodes as usize
+    }
+
     /// When node `node`'s pools decay: right after the previous node's detach (node 0: at the
-    /// start).
+    /// start), or when its timed decay began.
     pub(super) fn decay_at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
+        if self.timed(nodes) {
+            if let Some(&(start, _)) = self.decays.get(node as usize) {
+                return start;
+            }
+        }
         match node.checked_sub(1) {
             Some(prev) => self.at(prev, nodes, opts),
             None => self.start,
@@ -406,7 +426,15 @@ impl Detach {
     /// last node detaches at the flush and each earlier one a step before it, but no earlier
     /// than the prediction from the start: on the 2-CPU reference machine that took `npurged`
     /// agreement from 81 to 91 % (fix-size) and 84 to 95 % (random-size), see docs/model.md.
+    ///
+    /// With the decays timed, the node's decay end: the kernel takes the node's `lazy.lock` and
+    /// detaches the list right after `decay_va_pool_node` returns.
     pub(super) fn at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
+        if self.timed(nodes) {
+            if let Some(&(_, end)) = self.decays.get(node as usize) {
+                return end;
+            }
+        }
         let forward = self
             .start
             .saturating_add(opts.detach_delay_ns)
