@@ -412,6 +412,68 @@ fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
     assert_eq!((r.placement.compared, r.placement.agreed), (4, 4));
 }
 
+/// The detach race decided the other way, seen when a node's loop ends. A0, X0 (node 0) and
+/// B1, C1, Y1 (node 1) are freed in the order A0 B1 C1 X0 Y1, and the kernel's purge takes four:
+/// node 0 detached before X0's free, node 1 after Y1's. The reuse of A0 purges both nodes with
+/// the oldest four (X0, not Y1) and holds their pages in the backlog; Z's free then shows node
+/// 0's loop ended with 4 pages subtracted, not the 8 of the model's node-0 batch, and no set of
+/// nodes accounts for 4. X0 goes back to lazy and Y1 joins node 1's batch in its place: the
+/// backlog agrees. Before, both nodes were subtracted and Z's free disagreed.
+#[test]
+fn a_drop_below_a_nodes_batch_moves_its_newest_area_to_the_other_node() {
+    let at = |i: u64| VMALLOC_START + i * AREA;
+    let (a0, b1, c1, x0, y1, z) = (at(0), at(1), at(2), at(3), at(4), at(5));
+    let mut t = preamble();
+    for (i, (cpu, addr)) in [(0, a0), (1, b1), (1, c1), (0, x0), (1, y1), (0, z)]
+        .into_iter()
+        .enumerate()
+    {
+        t += &alloc_on(cpu, 3000 + 100 * i as u64, addr);
+    }
+    for (i, addr) in [a0, b1, c1, x0, y1].into_iter().enumerate() {
+        t += &free(4000 + 100 * i as u64, addr, 4 * (i as u64 + 1));
+    }
+    t += &alloc(4500, a0);
+    t += &free(4600, z, 20);
+    t += &purge(5000, KWORKER, 4);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.early_purges, 1, "the reuse starts the purge");
+    assert_eq!(r.batch_tails_moved, 1);
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (6, 6),
+        "{:?}",
+        r.first_divergences
+    );
+}
+
+/// The backlog a free reports is its own `atomic_long_add_return`, which may come well before
+/// its event. C is added after D but reports first (16, D's 4 pages included), and D reports
+/// 12. E's free, read ahead of C too, comes after the purge's decrement and reports 4: it was
+/// not added before C, so only the closest value below C's, D's, counts. Before, E's pages
+/// were counted too, and C's free disagreed.
+#[test]
+fn only_the_closest_frees_explain_a_reordered_backlog() {
+    let (p, mut t) = four_allocated_and_freed();
+    t = t.replace(&free(4200, p[2], 12), &free(4200, p[2], 16));
+    t = t.replace(&free(4300, p[3], 16), &free(4300, p[3], 12));
+    let e = VMALLOC_START + 4 * AREA;
+    t = t.replace(
+        &free(4000, p[0], 4),
+        &format!("{}{}", alloc(3900, e), free(4000, p[0], 4)),
+    );
+    t += &free(4400, e, 4);
+    t += &purge(5000, KWORKER, 4);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (5, 5),
+        "{:?}",
+        r.first_divergences
+    );
+    assert_eq!(r.nr_lazy_reordered, 2);
+}
+
 /// A purge's loop pushes its batch into the pool one area at a time in address order, so an
 /// allocation during the loop finds the area the loop has just reached on top, not the
 /// batch's last. Four areas P0..P3 are purged by an item flushing at 6 µs whose event comes at

@@ -908,6 +908,100 @@ impl Model {
         taken
     }
 
+    /// The backlog drop that ended node `from`'s loop is `pages` less than its deferred batch,
+    /// while the purge's count is right: the kernel detached `from`'s list before the newest
+    /// frees the model put in its batch, and node `to`'s after as many more of its own (the
+    /// detach race, decided the other way). The newest areas of `from`'s batch that add up to
+    /// `pages` go back to its lazy tree, and as many of `to`'s oldest lazy areas join `to`'s
+    /// batch, pooled as its loop would, with the backlog held for `to` grown by their pages.
+    /// Both nodes must be purged with their subtraction deferred ([`Model::unsubtracted`]).
+    /// Returns how many areas moved each way; 0 when none could, or when not all could (an area
+    /// already reused: those that could have moved).
+    pub fn move_batch_tail(
+        &mut self,
+        p: &mut PurgeInProgress,
+        from: u32,
+        pages: u64,
+        to: u32,
+    ) -> usize {
+        let page = self.params.page_size;
+        let held = |m: &Self, n: u32| {
+            m.unsubtracted
+                .iter()
+                .find(|&&(k, _)| k == n)
+                .map(|&(_, p)| p)
+        };
+        if from == to || held(self, to).is_none() || held(self, from).is_none_or(|h| h <= pages) {
+            return 0;
+        }
+        let mut newest: Vec<PurgedArea> = p
+            .out
+            .batch
+            .iter()
+            .filter(|a| a.node == from)
+            .copied()
+            .collect();
+        newest.sort_unstable_by_key(|a| std::cmp::Reverse(a.area.seq));
+        let mut sum = 0;
+        let Some(k) = newest.iter().position(|a| {
+            sum += a.area.size / page;
+            sum >= pages
+        }) else {
+            return 0;
+        };
+        if sum != pages {
+            return 0;
+        }
+        newest.truncate(k + 1);
+        let mut oldest: Vec<(u64, u64, LazyArea)> = self
+            .lazy
+            .iter()
+            .filter(|&(n, _, _)| n == to)
+            .map(|(_, addr, a)| (a.seq, addr, a))
+            .collect();
+        if oldest.len() < newest.len() {
+            return 0;
+        }
+        oldest.sort_unstable_by_key(|&(seq, _, _)| seq);
+        let mut moved = 0;
+        for (back, &(_, addr, area)) in newest.iter().zip(&oldest) {
+            if !self.unpurge(back) {
+                break;
+            }
+            let taken = self.lazy.remove(to, addr, page);
+            debug_assert!(taken.is_some(), "listed above");
+            if !self.try_pool(to, addr, area, false) && self.free.release(addr, area.size).is_err()
+            {
+                // Cannot happen for a lazy area (its range is neither free nor busy); undo.
+                self.lazy.insert(to, addr, area, page);
+                let _ = self.lazy.remove(back.node, back.addr, page);
+                let _ = self.free.release(back.addr, back.area.size);
+                break;
+            }
+            p.out.batch.retain(|a| a.addr != back.addr);
+            p.out.batch.push(PurgedArea {
+                addr,
+                node: to,
+                area,
+            });
+            p.out.pages = p.out.pages - back.area.size / page + area.size / page;
+            for (n, h) in self.unsubtracted.iter_mut() {
+                if *n == from {
+                    *h -= back.area.size / page;
+                } else if *n == to {
+                    *h += area.size / page;
+                }
+            }
+            moved += 1;
+        }
+        // A partial move leaves the model consistent, but not settled by this drop.
+        if moved == newest.len() {
+            moved
+        } else {
+            0
+        }
+    }
+
     /// [`Model::swap_purged`] for areas of any sizes (replay: the backlog after a purge shows
     /// by how many pages the kernel's batch differed): `instead` comes back to its lazy tree,
     /// and the lazy area at `addr` is purged in its place, into its node's pool (at `instead`'s
