@@ -123,9 +123,6 @@ impl Pools {
         None
     }
 
-    /// `decay_va_pool_node`: takes `len >> 2` areas (all with `full`) from the head of each of
-    /// `node`'s non-empty pools and appends `(start, size)` to `out`. Returns how many pools
-    /// were non-empty (each costs two `pool_lock` sections).
     /// Puts `new` where `old` is in a pool of `size` (any node), keeping the list's order.
     /// Returns the node, or `None` when `old` is in no such pool.
     pub fn replace(&mut self, old: u64, new: u64, size: u64) -> Option<u32> {
@@ -141,6 +138,9 @@ impl Pools {
         None
     }
 
+    /// `decay_va_pool_node`: takes `len >> 2` areas (all with `full`) from the head of each of
+    /// `node`'s non-empty pools and appends `(start, size)` to `out`. Returns how many pools
+    /// were non-empty (each costs two `pool_lock` sections).
     pub fn decay(&mut self, node: u32, full: bool, out: &mut Vec<(u64, u64)>) -> u32 {
         let base = node as usize * MAX_VA_SIZE_PAGES as usize;
         let mut non_empty = 0;
