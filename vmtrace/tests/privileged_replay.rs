@@ -81,9 +81,14 @@ fn replay_of_real_stress_meets_the_floors() {
     // 90.0–96.2 %: the floors rose to 95 / 99 / 80 %. Without the flush probe (a kernel where
     // it cannot attach) npurged is predicted from the start alone, 82–92 % here. With the backlog
     // drop seen after a reuse and the purge loop paced (1 Dec 2026, session 7), two runs gave
-    // 99.50–99.57 / 99.99 / 93.5–94.0 %: the floors rose to 97 / 99.5 / 80 %.
+    // 99.50–99.57 / 99.99 / 93.5–94.0 %: the floors rose to 97 / 99.5 / 80 %. With add order
+    // from the closest frees and node batches traded on a short drop (1 Dec 2026, session 8),
+    // two runs gave 99.51–99.63 / 99.999 (7–8 misses) / 94.2–95.8 %: the nr_lazy floor rose to
+    // 99.9 %, the level of the mixed 3 × 8 s recording (99.96 %). npurged stays at 80 %: older
+    // recordings of the same patterns replay at 81.6–85.1 %, and the detach it depends on has
+    // no event on the tracepoint rung (docs/model.md).
     assert!(warm >= 97.0, "placement after warm-up {warm:.2} % < 97 %");
-    assert!(nr_lazy >= 99.5, "nr_lazy agreement {nr_lazy:.2} % < 99.5 %");
+    assert!(nr_lazy >= 99.9, "nr_lazy agreement {nr_lazy:.3} % < 99.9 %");
     assert!(npurged >= 80.0, "npurged agreement {npurged:.2} % < 80 %");
     // No warnings are expected from a healthy recording, except frees the model cannot place:
     // once, on a machine at load average 10 (parallel builds and another stress running), 774 of
