@@ -447,6 +447,48 @@ fn a_drop_below_a_nodes_batch_moves_its_newest_area_to_the_other_node() {
     );
 }
 
+/// A node's drop may take frees from after the purge's start. A0 (node 0) and B1, B2 (node 1)
+/// are lazy when the item starts; then X0 and C1 are freed, and the kernel purges four: node
+/// 0 detached before X0 (batch A0), node 1 after C1 (B1 B2 C1). The model's batches follow
+/// free order (A0 X0 and B1 B2). E0's free shows node 0's loop ended with 4 pages, which only
+/// A0 makes; F0's then shows node 1's with 12, which takes C1 besides the areas lazy at the
+/// start. Before, only those counted, no batch matched, and the whole purge was applied.
+#[test]
+fn a_nodes_drop_can_take_a_free_from_after_the_start() {
+    let at = |i: u64| VMALLOC_START + i * AREA;
+    let (a0, b1, b2, x0, c1, e0, f0) = (at(0), at(1), at(2), at(3), at(4), at(5), at(6));
+    let mut t = preamble();
+    let cpus = [
+        (0, a0),
+        (1, b1),
+        (1, b2),
+        (0, x0),
+        (1, c1),
+        (0, e0),
+        (0, f0),
+    ];
+    for (i, (cpu, addr)) in cpus.into_iter().enumerate() {
+        t += &alloc_on(cpu, 3000 + 100 * i as u64, addr);
+    }
+    t += &free(4000, a0, 4);
+    t += &free(4100, b1, 8);
+    t += &free(4120, b2, 12);
+    t += &free(4180, x0, 16);
+    t += &free(4200, c1, 20);
+    t += &free(4300, e0, 20);
+    t += &free(4400, f0, 12);
+    t += &purge(5000, KWORKER, 4);
+    t += &work(KWORKER, 4150, 5100);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.purges_started_at_work, 1);
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (7, 7),
+        "{:?}",
+        r.first_divergences
+    );
+}
+
 /// The backlog a free reports is its own `atomic_long_add_return`, which may come well before
 /// its event. C is added after D but reports first (16, D's 4 pages included), and D reports
 /// 12. E's free, read ahead of C too, comes after the purge's decrement and reports 4: it was
