@@ -489,6 +489,40 @@ fn a_nodes_drop_can_take_a_free_from_after_the_start() {
     );
 }
 
+/// The first free after a purge event can have added its pages before the purge's nodes
+/// subtracted theirs: its backlog still holds their batches. P0..P3 are freed and purged; P4's
+/// free, right after the event, reports 16 + 4 pages, not 4. A second free reporting that way
+/// would not be explained: only the first after the event can precede the subtraction.
+#[test]
+fn the_first_free_after_a_purge_may_precede_its_subtraction() {
+    let run = |second: u64| {
+        let (_, mut t) = four_allocated_and_freed();
+        let (p4, p5) = (VMALLOC_START + 4 * AREA, VMALLOC_START + 5 * AREA);
+        t = t.replace(
+            &free(4000, VMALLOC_START, 4),
+            &format!(
+                "{}{}{}",
+                alloc(3800, p4),
+                alloc(3900, p5),
+                free(4000, VMALLOC_START, 4)
+            ),
+        );
+        t += &purge(5000, KWORKER, 4);
+        t += &free(5010, p4, 20);
+        t += &free(5020, p5, second);
+        replay(t.as_bytes(), &options()).expect("replay")
+    };
+    let r = run(8);
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (6, 6),
+        "{:?}",
+        r.first_divergences
+    );
+    let r = run(24);
+    assert_eq!((r.nr_lazy.compared, r.nr_lazy.agreed), (6, 5));
+}
+
 /// The backlog a free reports is its own `atomic_long_add_return`, which may come well before
 /// its event. C is added after D but reports first (16, D's 4 pages included), and D reports
 /// 12. E's free, read ahead of C too, comes after the purge's decrement and reports 4: it was

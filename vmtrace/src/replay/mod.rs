@@ -569,6 +569,9 @@ struct Replayer<'o> {
     /// The last frees since the model's last purge step, as `(observed nr_lazy, pages)`, at
     /// most [`ADD_ORDER_SPAN`]: see [`Replayer::add_order_explains`].
     recent_frees: VecDeque<(u64, u64)>,
+    /// Each node's pages in the purge whose event came last, until the next free: that free's
+    /// add may have come before the purge's last subtractions (see [`Replayer::free`]).
+    just_subtracted: Vec<(u32, u64)>,
     nr_lazy_reordered: u64,
     /// The areas the model's last purge took (the early one in progress included), for
     /// [`Replayer::swap_purged`].
@@ -654,6 +657,7 @@ impl<'o> Replayer<'o> {
             early_split: 0,
             early_is_split: false,
             recent_frees: VecDeque::new(),
+            just_subtracted: Vec::new(),
             nr_lazy_reordered: 0,
             last_batch: Vec::new(),
             prev_batch: Vec::new(),
@@ -1175,7 +1179,16 @@ impl<'o> Replayer<'o> {
             self.drain_pending = true;
         }
         let exact = got.nr_lazy == f.nr_lazy;
-        let ok = exact || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead);
+        // The first free after a purge event may have added its pages before some nodes of
+        // that purge subtracted theirs (its event came after, 15 ns to 35 µs on the 20 s
+        // captures of 1 Dec): its backlog then still holds those nodes' batches. That is the
+        // add order too (3 of the 7 `nr_lazy` misses left on fix-size and random-size).
+        let before_subtraction = std::mem::take(&mut self.just_subtracted);
+        let ok = exact
+            || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead)
+            || f.nr_lazy
+                .checked_sub(got.nr_lazy)
+                .is_some_and(|d| d > 0 && nodes_summing_to(&before_subtraction, d).is_some());
         if ok && !exact {
             self.nr_lazy_reordered += 1;
         }
@@ -1265,6 +1278,14 @@ impl<'o> Replayer<'o> {
         }
         if !full {
             self.reconcile_batch(&mut got, ahead);
+        }
+        let page = self.model.params().page_size;
+        self.just_subtracted.clear();
+        for a in &got.batch {
+            match self.just_subtracted.iter_mut().find(|(n, _)| *n == a.node) {
+                Some((_, pages)) => *pages += a.area.size / page,
+                None => self.just_subtracted.push((a.node, a.area.size / page)),
+            }
         }
         self.prev_batch = std::mem::replace(&mut self.last_batch, got.batch.clone());
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
