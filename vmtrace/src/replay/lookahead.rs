@@ -221,6 +221,19 @@ impl<R: BufRead> Lookahead<R> {
         d
     }
 
+    /// The size of the area at `va` when its allocation is read ahead, before its next free:
+    /// an area allocated after the record just handed out, which replay does not hold yet.
+    pub fn size_allocated_ahead(&self, va: u64) -> Option<u64> {
+        for (_, r) in &self.buf {
+            match r {
+                Ok(Record::Alloc(a)) if a.addr.0 == va && a.failed == 0 => return Some(a.size),
+                Ok(Record::Free(f)) if f.va_start.0 == va => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
     /// The next purge event read ahead, as `(pid, ts)`.
     pub fn next_purge(&self) -> Option<(u32, u64)> {
         self.purges.front().map(|&(_, pid, ts, _)| (pid, ts))
@@ -263,6 +276,10 @@ pub trait DrainLookup {
     fn decays_in(&self, _item: &DrainItem) -> Vec<(u64, u64)> {
         Vec::new()
     }
+    /// The size of the area at `va` when its allocation is read ahead, before its next free.
+    fn size_allocated_ahead(&self, _va: u64) -> Option<u64> {
+        None
+    }
     /// The next purge event read ahead, as `(pid, ts)`.
     fn next_purge(&self) -> Option<(u32, u64)>;
     /// `npurged` of the next purge event read ahead: how many lazy areas its detach took.
@@ -283,6 +300,9 @@ impl<R: BufRead> DrainLookup for Lookahead<R> {
     }
     fn decays_in(&self, item: &DrainItem) -> Vec<(u64, u64)> {
         Lookahead::decays_in(self, item)
+    }
+    fn size_allocated_ahead(&self, va: u64) -> Option<u64> {
+        Lookahead::size_allocated_ahead(self, va)
     }
     fn next_purge(&self) -> Option<(u32, u64)> {
         Lookahead::next_purge(self)
