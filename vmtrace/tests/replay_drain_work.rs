@@ -562,6 +562,40 @@ fn a_batch_is_reconciled_by_a_free_allocated_after_the_purge() {
     );
 }
 
+/// The kernel can reuse the start of an area its purge took, and the model kept lazy, for a
+/// smaller one. A and B (4 pages each) are lazy; the kernel's purge of one took B, the model's
+/// the oldest, A. The kernel then allocates 2 pages at B's start: A and B are swapped by B's
+/// size, and the 2-page area is in the model, so its free and C's agree. Before, the swap
+/// needed the request's size, the area stayed outside the model, and C's free missed its 2
+/// pages.
+#[test]
+fn a_smaller_reuse_of_a_purged_area_swaps_by_the_areas_size() {
+    let page = 4096;
+    let (a, b, c) = (
+        VMALLOC_START,
+        VMALLOC_START + 4 * page,
+        VMALLOC_START + 8 * page,
+    );
+    let mut t = preamble();
+    t += &alloc_sized(0, 3000, a, 4 * page);
+    t += &alloc_sized(0, 3100, b, 4 * page);
+    t += &alloc_sized(0, 3200, c, 4 * page);
+    t += &free(4000, a, 4);
+    t += &free(4100, b, 8);
+    t += &purge(5000, KWORKER, 1);
+    t += &alloc_sized(0, 5100, b, 2 * page);
+    t += &free(5200, b, 6);
+    t += &free(5300, c, 10);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.events.free_out_of_model, 0);
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (4, 4),
+        "{:?}",
+        r.first_divergences
+    );
+}
+
 /// The backlog a free reports is its own `atomic_long_add_return`, which may come well before
 /// its event. C is added after D but reports first (16, D's 4 pages included), and D reports
 /// 12. E's free, read ahead of C too, comes after the purge's decrement and reports 4: it was

@@ -243,6 +243,8 @@ pub struct Report {
     /// Node loops whose end showed a drop below the node's batch, settled by trading its
     /// newest areas for the other node's oldest lazy ones (`Model::move_batch_tail`).
     pub batch_tails_moved: u64,
+    /// Of `purge_swaps`, those whose purged area came from a batch older than the last two.
+    pub purge_swaps_older: u64,
     /// Pool entries hidden as missing in the kernel and put back when the kernel was seen
     /// taking one of them from its pool.
     pub pool_entries_restored: u64,
@@ -316,6 +318,39 @@ pub struct DrainWork {
 /// Frees looked at on either side of a free whose backlog disagrees, to tell whether the
 /// kernel's order of additions explains it ([`Replayer::add_order_explains`]).
 pub const ADD_ORDER_SPAN: usize = 64;
+
+/// How many batches before the last two [`Replayer::swap_purged`] still searches.
+const OLDER_BATCHES: usize = 16;
+
+/// The purged areas of `size` that [`Replayer::swap_purged`] tries, in order: those of the last
+/// two batches (and the purge in progress), newest first, then those of each older batch in
+/// turn (with its index in `older`), newest first. The older ones are a last resort: on an 8 s
+/// random-size trace of 1 Dec, three reused areas had their counterpart only there, and 139
+/// frees disagreed until the next purge without them.
+fn swap_candidates<'a>(
+    recent: impl Iterator<Item = &'a crate::model::PurgedArea>,
+    older: &VecDeque<Vec<crate::model::PurgedArea>>,
+    size: u64,
+) -> Vec<(Option<usize>, crate::model::PurgedArea)> {
+    let newest_first = |v: &mut Vec<(Option<usize>, crate::model::PurgedArea)>| {
+        v.sort_by_key(|(_, p)| std::cmp::Reverse(p.area.seq));
+    };
+    let mut out: Vec<_> = recent
+        .filter(|p| p.area.size == size)
+        .map(|p| (None, *p))
+        .collect();
+    newest_first(&mut out);
+    for (i, batch) in older.iter().enumerate() {
+        let mut b: Vec<_> = batch
+            .iter()
+            .filter(|p| p.area.size == size)
+            .map(|p| (Some(i), *p))
+            .collect();
+        newest_first(&mut b);
+        out.extend(b);
+    }
+    out
+}
 
 /// Whether some prefix of `pages` adds up to exactly `want`.
 fn prefix_sums_reach(pages: impl Iterator<Item = u64>, want: u64) -> bool {
@@ -579,7 +614,12 @@ struct Replayer<'o> {
     /// The batch of the purge before: a pair of purges (the second taking what raced the
     /// first's detach) splits the kernel's areas between them otherwise than the model's.
     prev_batch: Vec<crate::model::PurgedArea>,
+    /// The batches before those, newest first, at most [`OLDER_BATCHES`]: the last resort of
+    /// [`Replayer::swap_purged`].
+    older_batches: VecDeque<Vec<crate::model::PurgedArea>>,
     swapped: u64,
+    /// See [`Report::purge_swaps_older`].
+    swapped_older: u64,
     /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
     free_log: VecDeque<u64>,
     /// Time of the last purge event: a later purge cannot have detached before it (the
@@ -661,6 +701,8 @@ impl<'o> Replayer<'o> {
             nr_lazy_reordered: 0,
             last_batch: Vec::new(),
             prev_batch: Vec::new(),
+            older_batches: VecDeque::new(),
+            swapped_older: 0,
             swapped: 0,
             free_log: VecDeque::new(),
             last_purge_ts: 0,
@@ -1287,7 +1329,14 @@ impl<'o> Replayer<'o> {
                 None => self.just_subtracted.push((a.node, a.area.size / page)),
             }
         }
-        self.prev_batch = std::mem::replace(&mut self.last_batch, got.batch.clone());
+        let older = std::mem::replace(
+            &mut self.prev_batch,
+            std::mem::replace(&mut self.last_batch, got.batch.clone()),
+        );
+        if self.older_batches.len() >= OLDER_BATCHES {
+            self.older_batches.pop_back();
+        }
+        self.older_batches.push_front(older);
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
         self.free_log.clear();
         self.drain_pending = self.model.lazy_pages() > self.model.params().lazy_max_pages;
@@ -1396,24 +1445,27 @@ impl<'o> Replayer<'o> {
     /// free, so the model's lazy set follows the kernel's from here on; without the swap the
     /// area stayed outside the model, and its free went missing from every later backlog.
     fn swap_purged(&mut self, addr: u64, size: u64) -> bool {
-        match self.model.lazy().find(addr) {
-            Some((_, a)) if a.size == size => {}
+        // The kernel may reuse the start of the purged area for a smaller one: the swap is by
+        // the lazy area's size (an older random-size trace of 1 Dec: a 9-page area reused for
+        // 8 pages left 158 frees wrong until the next purge).
+        let size = match self.model.lazy().find(addr) {
+            Some((_, a)) if a.size >= size => a.size,
             _ => return false,
-        }
+        };
         let in_progress = self.early.as_ref().map(|e| e.so_far().batch.as_slice());
-        let mut candidates: Vec<crate::model::PurgedArea> = self
+        let recent = self
             .last_batch
             .iter()
             .chain(&self.prev_batch)
-            .chain(in_progress.unwrap_or_default())
-            .filter(|p| p.area.size == size)
-            .copied()
-            .collect();
-        candidates.sort_by_key(|p| std::cmp::Reverse(p.area.seq));
-        for c in candidates {
+            .chain(in_progress.unwrap_or_default());
+        for (older, c) in swap_candidates(recent, &self.older_batches, size) {
             if self.model.swap_purged(addr, &c) {
                 self.last_batch.retain(|p| p.addr != c.addr);
                 self.prev_batch.retain(|p| p.addr != c.addr);
+                if let Some(i) = older {
+                    self.older_batches[i].retain(|p| p.addr != c.addr);
+                    self.swapped_older += 1;
+                }
                 return true;
             }
         }
@@ -1543,6 +1595,7 @@ impl<'o> Replayer<'o> {
             purges_started_at_work: self.work_starts,
             batches_reconciled: self.reconciled,
             batch_tails_moved: self.batch_tails_moved,
+            purge_swaps_older: self.swapped_older,
             pool_entries_restored: self.pools_restored,
             loop_entries_withheld: self.loop_withheld,
             loop_entries_caught_up: self.loop_caught_up,
@@ -1618,6 +1671,35 @@ fn total_tables(c: &SlotCounts) -> u64 {
 mod tests {
     use super::*;
     use crate::synth::{generate, SynthParams, VMALLOC_START};
+
+    #[test]
+    fn swap_candidates_try_the_recent_batches_first_then_each_older_one() {
+        let area = |addr: u64, size: u64, seq: u64| crate::model::PurgedArea {
+            addr,
+            node: 0,
+            area: crate::model::LazyArea { size, tag: 1, seq },
+        };
+        let recent = [area(1, 8, 5), area(2, 4, 6), area(3, 8, 9)];
+        let older: VecDeque<_> = vec![
+            vec![area(4, 8, 3), area(5, 4, 4), area(6, 8, 4)],
+            vec![area(7, 8, 1)],
+        ]
+        .into();
+        let got: Vec<(Option<usize>, u64)> = swap_candidates(recent.iter(), &older, 8)
+            .into_iter()
+            .map(|(i, p)| (i, p.addr))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (None, 3),
+                (None, 1),
+                (Some(0), 6),
+                (Some(0), 4),
+                (Some(1), 7)
+            ]
+        );
+    }
 
     /// A small synthetic trace on 2 CPUs: header with 2 nodes of 16-page zones.
     fn trace() -> Vec<u8> {
