@@ -264,64 +264,64 @@ fn decay_exit<C: EbpfContext>(ctx: &C) -> Result<(), i32> {
     call_exit(ctx, &DECAY_START, DECAY_FUNC.load(), u64::MAX)
 }
 
-/// `purge_vmap_node(struct work_struct *work)`: `work` is `&vn->purge_work`, so user space
-/// subtracts that member's BTF offset to get the node.
-#[fentry(function = "purge_vmap_node")]
-pub fn fentry_purge_vmap_node(ctx: FEntryContext) -> u32 {
-    call_enter(&NODE_START, ctx.arg(0));
-    0
+/// The four programs timing one kernel function on the richer rungs: entry (fentry, kprobe)
+/// keeps its first argument and the time in `$calls`, exit (fexit, kretprobe) emits the record
+/// through `$exit`.
+macro_rules! timed_call_programs {
+    ($function:literal, $calls:ident, $exit:ident,
+     $fentry:ident, $fexit:ident, $kprobe:ident, $kretprobe:ident) => {
+        #[fentry(function = $function)]
+        pub fn $fentry(ctx: FEntryContext) -> u32 {
+            call_enter(&$calls, ctx.arg(0));
+            0
+        }
+
+        #[fexit(function = $function)]
+        pub fn $fexit(ctx: FExitContext) -> u32 {
+            match $exit(&ctx) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            }
+        }
+
+        #[kprobe]
+        pub fn $kprobe(ctx: ProbeContext) -> u32 {
+            call_enter(&$calls, ctx.arg(0).unwrap_or(0));
+            0
+        }
+
+        #[kretprobe]
+        pub fn $kretprobe(ctx: RetProbeContext) -> u32 {
+            match $exit(&ctx) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            }
+        }
+    };
 }
 
-#[fexit(function = "purge_vmap_node")]
-pub fn fexit_purge_vmap_node(ctx: FExitContext) -> u32 {
-    match node_exit(&ctx) {
-        Ok(()) => 0,
-        Err(_) => 1,
-    }
-}
+// `purge_vmap_node(struct work_struct *work)`: `work` is `&vn->purge_work`, so user space
+// subtracts that member's BTF offset to get the node.
+timed_call_programs!(
+    "purge_vmap_node",
+    NODE_START,
+    node_exit,
+    fentry_purge_vmap_node,
+    fexit_purge_vmap_node,
+    kprobe_purge_vmap_node,
+    kretprobe_purge_vmap_node
+);
 
-#[kprobe]
-pub fn kprobe_purge_vmap_node(ctx: ProbeContext) -> u32 {
-    call_enter(&NODE_START, ctx.arg(0).unwrap_or(0));
-    0
-}
-
-#[kretprobe]
-pub fn kretprobe_purge_vmap_node(ctx: RetProbeContext) -> u32 {
-    match node_exit(&ctx) {
-        Ok(()) => 0,
-        Err(_) => 1,
-    }
-}
-
-/// `decay_va_pool_node(struct vmap_node *vn, bool full_decay)`. `__purge_vmap_area_lazy` runs
-/// it for every node in turn and detaches the node's lazy list right after it returns, so its
-/// exit times the detach, which no tracepoint marks; the frees that raced the detach are the
-/// ones replay cannot place without it.
-#[fentry(function = "decay_va_pool_node")]
-pub fn fentry_decay_va_pool_node(ctx: FEntryContext) -> u32 {
-    call_enter(&DECAY_START, ctx.arg(0));
-    0
-}
-
-#[fexit(function = "decay_va_pool_node")]
-pub fn fexit_decay_va_pool_node(ctx: FExitContext) -> u32 {
-    match decay_exit(&ctx) {
-        Ok(()) => 0,
-        Err(_) => 1,
-    }
-}
-
-#[kprobe]
-pub fn kprobe_decay_va_pool_node(ctx: ProbeContext) -> u32 {
-    call_enter(&DECAY_START, ctx.arg(0).unwrap_or(0));
-    0
-}
-
-#[kretprobe]
-pub fn kretprobe_decay_va_pool_node(ctx: RetProbeContext) -> u32 {
-    match decay_exit(&ctx) {
-        Ok(()) => 0,
-        Err(_) => 1,
-    }
-}
+// `decay_va_pool_node(struct vmap_node *vn, bool full_decay)`. `__purge_vmap_area_lazy` runs
+// it for every node in turn and detaches the node's lazy list right after it returns, so its
+// exit times the detach, which no tracepoint marks; the frees that raced the detach are the
+// ones replay cannot place without it.
+timed_call_programs!(
+    "decay_va_pool_node",
+    DECAY_START,
+    decay_exit,
+    fentry_decay_va_pool_node,
+    fexit_decay_va_pool_node,
+    kprobe_decay_va_pool_node,
+    kretprobe_decay_va_pool_node
+);
