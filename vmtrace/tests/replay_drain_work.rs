@@ -8,7 +8,8 @@
 use vmtrace::replay::{replay, ReplayOptions, Report};
 use vmtrace::synth::{generate, SynthParams, VMALLOC_END, VMALLOC_START};
 
-const AREA: u64 = 4 * 4096;
+const PAGE: u64 = 4096;
+const AREA: u64 = 4 * PAGE;
 const KWORKER: u32 = 99;
 
 /// The header of a synthetic 2-CPU trace (2 nodes, 16-page zones) and an empty snapshot.
@@ -131,6 +132,16 @@ fn four_allocated_and_freed() -> (Vec<u64>, String) {
         t += &free(4000 + 100 * i as u64, a, 4 * (i as u64 + 1));
     }
     (p, t)
+}
+
+/// Every one of `frees` frees had its `nr_lazy` compared and agreed.
+fn assert_every_free_agrees(r: &Report, frees: u64) {
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (frees, frees),
+        "{:?}",
+        r.first_divergences
+    );
 }
 
 /// Strict replay with `lazy_max_pages` 4, so that B's free schedules the drain.
@@ -406,12 +417,7 @@ fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
     t += &purge(5000, KWORKER, 2);
     let r = replay(t.as_bytes(), &options()).expect("replay");
     assert_eq!(r.early_purges, 1, "the reuse starts the purge");
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (3, 3),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 3);
     assert_eq!((r.npurged.compared, r.npurged.agreed), (1, 1));
     assert_eq!((r.placement.compared, r.placement.agreed), (4, 4));
 }
@@ -443,12 +449,7 @@ fn a_drop_below_a_nodes_batch_moves_its_newest_area_to_the_other_node() {
     let r = replay(t.as_bytes(), &options()).expect("replay");
     assert_eq!(r.early_purges, 1, "the reuse starts the purge");
     assert_eq!(r.batch_tails_moved, 1);
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (6, 6),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 6);
 }
 
 /// A node's drop may take frees from after the purge's start. A0 (node 0) and B1, B2 (node 1)
@@ -485,12 +486,7 @@ fn a_nodes_drop_can_take_a_free_from_after_the_start() {
     t += &work(KWORKER, 4150, 5100);
     let r = replay(t.as_bytes(), &options()).expect("replay");
     assert_eq!(r.purges_started_at_work, 1);
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (7, 7),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 7);
 }
 
 /// The first free after a purge event can have added its pages before the purge's nodes
@@ -517,12 +513,7 @@ fn the_first_free_after_a_purge_may_precede_its_subtraction() {
         replay(t.as_bytes(), &options()).expect("replay")
     };
     let r = run(8);
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (6, 6),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 6);
     let r = run(24);
     assert_eq!((r.nr_lazy.compared, r.nr_lazy.agreed), (6, 5));
 }
@@ -535,31 +526,25 @@ fn the_first_free_after_a_purge_may_precede_its_subtraction() {
 /// swapped.
 #[test]
 fn a_batch_is_reconciled_by_a_free_allocated_after_the_purge() {
-    let page = 4096;
     let (a, b, c, d) = (
         VMALLOC_START,
-        VMALLOC_START + 4 * page,
-        VMALLOC_START + 12 * page,
-        VMALLOC_START + 16 * page,
+        VMALLOC_START + 4 * PAGE,
+        VMALLOC_START + 12 * PAGE,
+        VMALLOC_START + 16 * PAGE,
     );
     let mut t = preamble();
-    t += &alloc_sized(0, 3000, a, 4 * page);
-    t += &alloc_sized(1, 3100, b, 8 * page);
-    t += &alloc_sized(0, 3200, c, 4 * page);
+    t += &alloc_sized(0, 3000, a, 4 * PAGE);
+    t += &alloc_sized(1, 3100, b, 8 * PAGE);
+    t += &alloc_sized(0, 3200, c, 4 * PAGE);
     t += &free(4000, a, 4);
     t += &free(4100, b, 12);
     t += &free(4200, c, 16);
     t += &purge(5000, KWORKER, 2);
-    t += &alloc_sized(0, 5100, d, 4 * page);
+    t += &alloc_sized(0, 5100, d, 4 * PAGE);
     t += &free(5200, d, 12);
     let r = replay(t.as_bytes(), &options()).expect("replay");
     assert_eq!(r.batches_reconciled, 1);
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (4, 4),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 4);
 }
 
 /// The kernel can reuse the start of an area its purge took, and the model kept lazy, for a
@@ -570,30 +555,24 @@ fn a_batch_is_reconciled_by_a_free_allocated_after_the_purge() {
 /// pages.
 #[test]
 fn a_smaller_reuse_of_a_purged_area_swaps_by_the_areas_size() {
-    let page = 4096;
     let (a, b, c) = (
         VMALLOC_START,
-        VMALLOC_START + 4 * page,
-        VMALLOC_START + 8 * page,
+        VMALLOC_START + 4 * PAGE,
+        VMALLOC_START + 8 * PAGE,
     );
     let mut t = preamble();
-    t += &alloc_sized(0, 3000, a, 4 * page);
-    t += &alloc_sized(0, 3100, b, 4 * page);
-    t += &alloc_sized(0, 3200, c, 4 * page);
+    t += &alloc_sized(0, 3000, a, 4 * PAGE);
+    t += &alloc_sized(0, 3100, b, 4 * PAGE);
+    t += &alloc_sized(0, 3200, c, 4 * PAGE);
     t += &free(4000, a, 4);
     t += &free(4100, b, 8);
     t += &purge(5000, KWORKER, 1);
-    t += &alloc_sized(0, 5100, b, 2 * page);
+    t += &alloc_sized(0, 5100, b, 2 * PAGE);
     t += &free(5200, b, 6);
     t += &free(5300, c, 10);
     let r = replay(t.as_bytes(), &options()).expect("replay");
     assert_eq!(r.events.free_out_of_model, 0);
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (4, 4),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 4);
 }
 
 /// The backlog a free reports is its own `atomic_long_add_return`, which may come well before
@@ -614,12 +593,7 @@ fn only_the_closest_frees_explain_a_reordered_backlog() {
     t += &free(4400, e, 4);
     t += &purge(5000, KWORKER, 4);
     let r = replay(t.as_bytes(), &options()).expect("replay");
-    assert_eq!(
-        (r.nr_lazy.compared, r.nr_lazy.agreed),
-        (5, 5),
-        "{:?}",
-        r.first_divergences
-    );
+    assert_every_free_agrees(&r, 5);
     assert_eq!(r.nr_lazy_reordered, 2);
 }
 
