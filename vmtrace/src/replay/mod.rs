@@ -604,9 +604,9 @@ struct Replayer<'o> {
     /// The last frees since the model's last purge step, as `(observed nr_lazy, pages)`, at
     /// most [`ADD_ORDER_SPAN`]: see [`Replayer::add_order_explains`].
     recent_frees: VecDeque<(u64, u64)>,
-    /// Each node's pages in the purge whose event came last, until the next free: that free's
-    /// add may have come before the purge's last subtractions (see [`Replayer::free`]).
-    just_subtracted: Vec<(u32, u64)>,
+    /// No free since the last purge event: the next one's add may have come before that
+    /// purge's last subtractions (see [`Replayer::free`]).
+    first_free_after_purge: bool,
     nr_lazy_reordered: u64,
     /// The areas the model's last purge took (the early one in progress included), for
     /// [`Replayer::swap_purged`].
@@ -697,7 +697,7 @@ impl<'o> Replayer<'o> {
             early_split: 0,
             early_is_split: false,
             recent_frees: VecDeque::new(),
-            just_subtracted: Vec::new(),
+            first_free_after_purge: false,
             nr_lazy_reordered: 0,
             last_batch: Vec::new(),
             prev_batch: Vec::new(),
@@ -1225,12 +1225,10 @@ impl<'o> Replayer<'o> {
         // that purge subtracted theirs (its event came after, 15 ns to 35 µs on the 20 s
         // captures of 1 Dec): its backlog then still holds those nodes' batches. That is the
         // add order too (3 of the 7 `nr_lazy` misses left on fix-size and random-size).
-        let before_subtraction = std::mem::take(&mut self.just_subtracted);
+        let first_after_purge = std::mem::take(&mut self.first_free_after_purge);
         let ok = exact
             || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead)
-            || f.nr_lazy
-                .checked_sub(got.nr_lazy)
-                .is_some_and(|d| d > 0 && nodes_summing_to(&before_subtraction, d).is_some());
+            || (first_after_purge && self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy));
         if ok && !exact {
             self.nr_lazy_reordered += 1;
         }
@@ -1321,14 +1319,7 @@ impl<'o> Replayer<'o> {
         if !full {
             self.reconcile_batch(&mut got, ahead);
         }
-        let page = self.model.params().page_size;
-        self.just_subtracted.clear();
-        for a in &got.batch {
-            match self.just_subtracted.iter_mut().find(|(n, _)| *n == a.node) {
-                Some((_, pages)) => *pages += a.area.size / page,
-                None => self.just_subtracted.push((a.node, a.area.size / page)),
-            }
-        }
+        self.first_free_after_purge = true;
         let older = std::mem::replace(
             &mut self.prev_batch,
             std::mem::replace(&mut self.last_batch, got.batch.clone()),
@@ -1484,6 +1475,23 @@ impl<'o> Replayer<'o> {
             return false;
         }
         self.model.lazy().overlaps(addr, end)
+    }
+
+    /// Whether `observed` exceeds `predicted` by exactly the pages of some nodes' batches in the
+    /// last purge: the backlog of a free whose add came before those nodes subtracted.
+    fn last_purge_nodes_explain(&self, observed: u64, predicted: u64) -> bool {
+        let Some(d) = observed.checked_sub(predicted).filter(|&d| d > 0) else {
+            return false;
+        };
+        let page = self.model.params().page_size;
+        let mut per_node: Vec<(u32, u64)> = Vec::new();
+        for a in &self.last_batch {
+            match per_node.iter_mut().find(|(n, _)| *n == a.node) {
+                Some((_, pages)) => *pages += a.area.size / page,
+                None => per_node.push((a.node, a.area.size / page)),
+            }
+        }
+        nodes_summing_to(&per_node, d).is_some()
     }
 
     /// A node's loop ended with a drop below its deferred batch, while the purge's count is
