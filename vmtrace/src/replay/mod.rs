@@ -240,6 +240,10 @@ pub struct Report {
     /// Purges whose batch swapped one area for another of a different size so that the backlog
     /// after the purge matches the kernel's (`Replayer::reconcile_batch`).
     pub batches_reconciled: u64,
+    /// Purges whose batch, when no single swap made the backlog after it match the kernel's,
+    /// moved the node split instead: the newest areas of one node's batch back to lazy and as
+    /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
+    pub batches_shifted: u64,
     /// Node loops whose end showed a drop below the node's batch, settled by trading its
     /// newest areas for the other node's oldest lazy ones (`Model::move_batch_tail`).
     pub batch_tails_moved: u64,
@@ -579,6 +583,8 @@ struct Replayer<'o> {
     next_item: Option<((u32, u64), DrainItem)>,
     /// Purges whose batch was reconciled with the backlog after them (`reconcile_batch`).
     reconciled: u64,
+    /// See [`Report::batches_shifted`].
+    shifted: u64,
     /// See [`Report::batch_tails_moved`].
     batch_tails_moved: u64,
     /// The drain item of the started purge, which predicts when each node's lazy list was
@@ -684,6 +690,7 @@ impl<'o> Replayer<'o> {
             work_starts: 0,
             next_item: None,
             reconciled: 0,
+            shifted: 0,
             batch_tails_moved: 0,
             detach: None,
             loop_pending: VecDeque::new(),
@@ -1602,6 +1609,7 @@ impl<'o> Replayer<'o> {
             early_purges: self.early_purges,
             purges_started_at_work: self.work_starts,
             batches_reconciled: self.reconciled,
+            batches_shifted: self.shifted,
             batch_tails_moved: self.batch_tails_moved,
             purge_swaps_older: self.swapped_older,
             pool_entries_restored: self.pools_restored,
