@@ -174,9 +174,17 @@ pub struct ReplayArgs {
     pub detach_delay: Duration,
 
     /// Observed timing: added to --detach-delay for each node after node 0 (the kernel decays
-    /// a node's pools before it detaches that node's list, one node after another).
+    /// a node's pools before it detaches that node's list, one node after another); with a
+    /// recorded TLB flush, each node before the last detaches this long before the next. Replay
+    /// refits it to the trace from the purges already seen, starting from this value, unless
+    /// --no-detach-fit; the report gives the fitted step.
     #[arg(long, value_parser = parse_duration, default_value = "20us")]
     pub detach_node_step: Duration,
+
+    /// Observed timing: keep --detach-node-step fixed instead of refitting it from the
+    /// trace's purges (each purge event shows which steps would have predicted its npurged).
+    #[arg(long)]
+    pub no_detach_fit: bool,
 
     /// Free-running what-if replay: the model picks every address and purges on its own
     /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,

@@ -653,3 +653,55 @@ fn a_batch_split_otherwise_between_the_nodes_is_shifted() {
     assert_eq!((r.batches_shifted, r.batches_reconciled), (1, 0));
     assert_every_free_agrees(&r, 7);
 }
+
+/// Twelve purges whose drain items leave node 0's detach 25 µs or more before the flush: in
+/// each, two areas are lazy at the item's start and a third is freed 25 µs before the flush
+/// and misses the batch (`npurged` 2, then 3 with the previous miss). The configured 20 µs
+/// step predicts that free in every batch; the fit learns from the purges seen that the step
+/// is at least 25 µs and predicts the last four right. Areas of 260 pages are never pooled, so
+/// each cycle allocates from the free tree by lowest fit.
+#[test]
+fn the_detach_step_is_fitted_from_the_purges_seen() {
+    const BIG: u64 = 260;
+    let run = |fit: bool| {
+        let at = |pages: u64| VMALLOC_START + pages * PAGE;
+        let mut t = preamble();
+        let mut backlog = 0;
+        for i in 0..12u64 {
+            let base = 1_000_000 * (i + 1);
+            // The previous cycle's late free is still lazy at +520 or +780 pages.
+            let w = if i % 2 == 0 { at(2 * BIG) } else { at(3 * BIG) };
+            let (x, y) = (at(0), at(BIG));
+            t += &alloc_sized(0, base + 100, x, BIG * PAGE);
+            t += &alloc_sized(0, base + 200, y, BIG * PAGE);
+            t += &alloc_sized(0, base + 300, w, BIG * PAGE);
+            backlog += BIG;
+            t += &free(base + 1_000, x, backlog);
+            backlog += BIG;
+            t += &free(base + 2_000, y, backlog);
+            backlog += BIG;
+            t += &free(base + 75_000, w, backlog);
+            let npurged = if i == 0 { 2 } else { 3 };
+            t += &purge(base + 105_000, KWORKER, npurged);
+            t += &work_flushed(KWORKER, base + 3_000, base + 106_000, Some(base + 100_000));
+            backlog = BIG;
+        }
+        let opts = ReplayOptions {
+            fit_detach_step: fit,
+            ..options()
+        };
+        replay(t.as_bytes(), &opts).expect("replay")
+    };
+    let fixed = run(false);
+    assert_eq!((fixed.npurged.compared, fixed.npurged.agreed), (12, 0));
+    assert_eq!(fixed.detach_step_fitted_ns, None);
+    let fitted = run(true);
+    assert_eq!(
+        (fitted.npurged.compared, fitted.npurged.agreed),
+        (12, 4),
+        "{:?}",
+        fitted.purges
+    );
+    assert_eq!(fitted.detach_step_fitted_ns, Some(25_000));
+    assert_every_free_agrees(&fitted, 36);
+}

@@ -21,6 +21,7 @@
 pub mod charts;
 pub mod cli;
 pub mod des;
+mod detach;
 pub mod free_run;
 pub mod lookahead;
 mod purge;
@@ -37,8 +38,9 @@ use crate::model::{
     PurgeInProgress, SlotCounts, Variant,
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
+use detach::{Detach, StepFit};
 use lookahead::{DrainItem, DrainLookup, Lookahead};
-use purge::{nodes_summing_to, Detach};
+use purge::nodes_summing_to;
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
 pub use report::{render_comparison, render_fit, render_text};
@@ -64,8 +66,12 @@ pub struct ReplayOptions {
     /// start are predicted in the purge's batch. See [`DEFAULT_DETACH_DELAY_NS`].
     pub detach_delay_ns: u64,
     /// Added per node after node 0: the kernel decays node `n`'s pools after detaching node
-    /// `n - 1`'s list, so later nodes detach later. See [`DEFAULT_DETACH_STEP_NS`].
+    /// `n - 1`'s list, so later nodes detach later. See [`DEFAULT_DETACH_STEP_NS`]. With
+    /// [`ReplayOptions::fit_detach_step`] it is the starting value.
     pub detach_step_ns: u64,
+    /// Refit the step between two nodes' detaches to the trace, from the purges already seen
+    /// (see `replay::detach::StepFit` and docs/model.md).
+    pub fit_detach_step: bool,
 }
 
 /// The default of [`ReplayOptions::detach_delay_ns`], with [`DEFAULT_DETACH_STEP_NS`]: the
@@ -87,6 +93,7 @@ impl Default for ReplayOptions {
             max_divergences: 10,
             detach_delay_ns: DEFAULT_DETACH_DELAY_NS,
             detach_step_ns: DEFAULT_DETACH_STEP_NS,
+            fit_detach_step: true,
         }
     }
 }
@@ -244,6 +251,11 @@ pub struct Report {
     /// moved the node split instead: the newest areas of one node's batch back to lazy and as
     /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
     pub batches_shifted: u64,
+    /// The step between two nodes' detaches the fit ended with, in ns (`None`: the configured
+    /// one, because the fit was off or too few purges told steps apart), and how many purges
+    /// it weighed last.
+    pub detach_step_fitted_ns: Option<u64>,
+    pub detach_step_fit_purges: usize,
     /// Node loops whose end showed a drop below the node's batch, settled by trading its
     /// newest areas for the other node's oldest lazy ones (`Model::move_batch_tail`).
     pub batch_tails_moved: u64,
@@ -590,6 +602,11 @@ struct Replayer<'o> {
     /// The drain item of the started purge, which predicts when each node's lazy list was
     /// detached ([`Detach::at`]).
     detach: Option<Detach>,
+    /// Lazy areas at the started purge's drain item start, and the frees since (event time,
+    /// node): what [`StepFit`] learns from at the purge event.
+    start_lazy: Option<usize>,
+    detach_frees: Vec<(u64, u32)>,
+    step_fit: StepFit,
     /// Batch entries `purge_vmap_node`'s loops have not reached yet, withheld from the pools
     /// until then: `(push time, node, addr, size)` in push order ([`Replayer::loop_progress`]).
     loop_pending: VecDeque<(u64, u32, u64, u64)>,
@@ -676,6 +693,9 @@ impl<'o> Replayer<'o> {
         Self {
             model,
             opts,
+            start_lazy: None,
+            detach_frees: Vec::new(),
+            step_fit: StepFit::new(opts),
             line: 2,
             snapshot_start: 0,
             snapshot_end: 0,
@@ -1216,6 +1236,7 @@ impl<'o> Replayer<'o> {
                 // Predicted to be on the lists before the detach.
                 *n += 1;
             }
+            self.detach_frees.push((f.ctx.ts_ns, got.node));
         }
         if self.free_log.len() >= FREE_LOG_CAP {
             self.free_log.pop_front();
@@ -1302,7 +1323,14 @@ impl<'o> Replayer<'o> {
             None => self.drain_work.purges_without_work += 1,
         }
         let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before);
-        self.detach = None;
+        if let (Some(d), Some(at_start)) = (self.detach.take(), self.start_lazy.take()) {
+            if let Some(joined) = (p.npurged as usize).checked_sub(at_start) {
+                let nodes = self.model.params().layout.nr_nodes();
+                self.step_fit
+                    .observe(&d, nodes, self.opts, &self.detach_frees, joined);
+            }
+        }
+        self.detach_frees.clear();
         self.joins_left.clear();
         let early = self.early.take().map(|e| self.model.purge_finish(e));
         self.recent_frees.clear();
@@ -1610,6 +1638,8 @@ impl<'o> Replayer<'o> {
             purges_started_at_work: self.work_starts,
             batches_reconciled: self.reconciled,
             batches_shifted: self.shifted,
+            detach_step_fitted_ns: self.step_fit.fitted(),
+            detach_step_fit_purges: self.step_fit.purges(),
             batch_tails_moved: self.batch_tails_moved,
             purge_swaps_older: self.swapped_older,
             pool_entries_restored: self.pools_restored,

@@ -2,7 +2,8 @@
 //! each node's lazy list and the frees that race it, the decays, a purge applied before its
 //! event when the trace shows its effect early, and the pace of `purge_vmap_node`'s loops.
 
-use super::{DrainLookup, ReplayOptions, Replayer};
+use super::detach::Detach;
+use super::{DrainLookup, Replayer};
 
 impl<'o> Replayer<'o> {
     /// The drain work item that runs the coming purge event started before `ts`: the kernel
@@ -39,7 +40,10 @@ impl<'o> Replayer<'o> {
             start,
             flush: item.flush_ns.filter(|&f| f >= start),
             decays: ahead.decays_in(&item),
+            step: self.step_fit.step(),
         };
+        self.start_lazy = self.early_lazy_before;
+        self.detach_frees.clear();
         self.detach = Some(d);
         self.early_is_split = false;
         let limit = ahead.next_npurged().map(|n| n as usize);
@@ -468,71 +472,6 @@ fn newest_of_node(batch: &[crate::model::PurgedArea], node: u32) -> Vec<crate::m
 
 /// Most frees read ahead that [`Replayer::plan_joins`] ranks: more than race any one detach.
 const JOIN_SPAN: usize = 256;
-
-/// When a started purge detached each node's lazy list. `__purge_vmap_area_lazy` decays a
-/// node's pools and then detaches its list, node after node, and right after the last one
-/// queues its TLB flush; a free whose event comes before its node's detach is in the batch.
-#[derive(Clone, Debug)]
-pub(super) struct Detach {
-    /// The drain work item's start.
-    pub(super) start: u64,
-    /// Its TLB flush (`work.flush_ns`), when recorded.
-    pub(super) flush: Option<u64>,
-    /// The item's pool decays, `(start_ns, end_ns)` in the order they ran, when a richer rung
-    /// timed them (`decay_va_pool_node`): the `n`-th is node `n`'s, and its end is that node's
-    /// detach, known rather than predicted.
-    pub(super) decays: Vec<(u64, u64)>,
-}
-
-impl Detach {
-    /// Whether the decays were timed, one per node: with some missing, which node each belongs
-    /// to is unknown, and the prediction from the start and flush is used instead.
-    pub(super) fn timed(&self, nodes: u32) -> bool {
-        self.decays.len() == nodes as usize
-    }
-
-    /// When node `node`'s pools decay: right after the previous node's detach (node 0: at the
-    /// start), or when its timed decay began.
-    pub(super) fn decay_at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
-        if self.timed(nodes) {
-            if let Some(&(start, _)) = self.decays.get(node as usize) {
-                return start;
-            }
-        }
-        match node.checked_sub(1) {
-            Some(prev) => self.at(prev, nodes, opts),
-            None => self.start,
-        }
-    }
-
-    /// Node `node`'s predicted detach. From the start: [`ReplayOptions::detach_delay_ns`] plus
-    /// one [`ReplayOptions::detach_step_ns`] per node before it. With the flush recorded, the
-    /// last node detaches at the flush and each earlier one a step before it, but no earlier
-    /// than the prediction from the start: on the 2-CPU reference machine that took `npurged`
-    /// agreement from 81 to 91 % (fix-size) and 84 to 95 % (random-size), see docs/model.md.
-    ///
-    /// With the decays timed, the node's decay end: the kernel takes the node's `lazy.lock` and
-    /// detaches the list right after `decay_va_pool_node` returns.
-    pub(super) fn at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
-        if self.timed(nodes) {
-            if let Some(&(_, end)) = self.decays.get(node as usize) {
-                return end;
-            }
-        }
-        let forward = self
-            .start
-            .saturating_add(opts.detach_delay_ns)
-            .saturating_add(u64::from(node) * opts.detach_step_ns);
-        match self.flush {
-            None => forward,
-            Some(flush) => {
-                let later = u64::from(nodes.saturating_sub(node + 1));
-                let back = flush.saturating_sub(later * opts.detach_step_ns);
-                back.max(forward).min(flush)
-            }
-        }
-    }
-}
 
 /// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
 /// such set (the lowest node ids among equals), or `None` when none does or there are too many

@@ -78,6 +78,14 @@ pub fn render_text(r: &Report) -> String {
             "  purges started at item   {} ({} areas topped up at the event to the observed npurged)",
             r.purges_started_at_work, r.purged_late
         );
+        if let Some(step) = r.detach_step_fitted_ns {
+            let _ = writeln!(
+                o,
+                "  detach step fitted       {:.0} µs between two nodes' detaches (from {} purges)",
+                step as f64 / 1000.0,
+                r.detach_step_fit_purges
+            );
+        }
     }
     let _ = writeln!(
         o,
