@@ -86,10 +86,14 @@ fn replay_of_real_stress_meets_the_floors() {
     // two runs gave 99.51–99.63 / 99.999 (7–8 misses) / 94.2–95.8 %: the nr_lazy floor rose to
     // 99.9 %, the level of the mixed 3 × 8 s recording (99.96 %). npurged stays at 80 %: older
     // recordings of the same patterns replay at 81.6–85.1 %, and the detach it depends on has
-    // no event on the tracepoint rung (docs/model.md).
+    // no event on the tracepoint rung (docs/model.md). With the step between two nodes'
+    // detaches fitted to the trace (1 Dec 2026, session 9), two runs gave 99.52–99.53 / 100 /
+    // 94.5–95.2 % and fix-size, random-size, long-busy-list and mixed recordings 93.9–95.9 %
+    // (82.7 % full-fit, not in this test): the npurged floor rose to 85 %, room for a machine
+    // where fewer purges tell steps apart.
     assert!(warm >= 97.0, "placement after warm-up {warm:.2} % < 97 %");
     assert!(nr_lazy >= 99.9, "nr_lazy agreement {nr_lazy:.3} % < 99.9 %");
-    assert!(npurged >= 80.0, "npurged agreement {npurged:.2} % < 80 %");
+    assert!(npurged >= 85.0, "npurged agreement {npurged:.2} % < 85 %");
     // No warnings are expected from a healthy recording, except frees the model cannot place:
     // once, on a machine at load average 10 (parallel builds and another stress running), 774 of
     // ~700k frees (0.11 %) named areas the model did not hold as busy; quiet runs have none.
