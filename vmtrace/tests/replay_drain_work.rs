@@ -705,3 +705,28 @@ fn the_detach_step_is_fitted_from_the_purges_seen() {
     assert_eq!(fitted.detach_step_fitted_ns, Some(25_000));
     assert_every_free_agrees(&fitted, 36);
 }
+
+/// A free can add its pages long before its event (a kworker preempted between the add and the
+/// tracepoint): area 0's free adds first but its event comes after 69 others, each of which
+/// reports a backlog that already holds area 0's 4 pages. The add order explains all 70
+/// backlogs; with 64 frees looked at, the first five and area 0's own disagreed.
+#[test]
+fn a_free_whose_event_comes_far_after_its_add_agrees_in_add_order() {
+    let areas: Vec<u64> = (0..70).map(|i| VMALLOC_START + i * AREA).collect();
+    let mut t = preamble();
+    for (i, &a) in areas.iter().enumerate() {
+        t += &alloc(3000 + 10 * i as u64, a);
+    }
+    for (i, &a) in areas.iter().enumerate().skip(1) {
+        t += &free(10_000 + 10 * i as u64, a, 4 * (i as u64 + 1));
+    }
+    t += &free(20_000, areas[0], 4);
+    let opts = ReplayOptions {
+        lazy_max_pages: Some(1 << 20),
+        strict: true,
+        ..ReplayOptions::default()
+    };
+    let r = replay(t.as_bytes(), &opts).expect("replay");
+    assert_every_free_agrees(&r, 70);
+    assert_eq!(r.nr_lazy_reordered, 70);
+}

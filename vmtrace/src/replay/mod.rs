@@ -332,8 +332,13 @@ pub struct DrainWork {
 }
 
 /// Frees looked at on either side of a free whose backlog disagrees, to tell whether the
-/// kernel's order of additions explains it ([`Replayer::add_order_explains`]).
-pub const ADD_ORDER_SPAN: usize = 64;
+/// kernel's order of additions explains it ([`Replayer::add_order_explains`]). A free can add
+/// long before its event: on an 8 s full-fit trace of 1 Dec a kworker preempted for 4 ms
+/// reported its backlog 355 events late, and with 64 the 170 frees in between disagreed.
+pub const ADD_ORDER_SPAN: usize = 512;
+/// The narrower span used when a lower backlog may instead be a purge's subtraction: there a
+/// reorder found far away would hide the drop.
+const DROP_ORDER_SPAN: usize = 64;
 
 /// How many batches before the last two [`Replayer::swap_purged`] still searches.
 const OLDER_BATCHES: usize = 16;
@@ -1200,7 +1205,9 @@ impl<'o> Replayer<'o> {
             let own =
                 self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
             let expected = self.model.lazy_pages() + own;
-            if f.nr_lazy < expected && !self.add_order_explains(f.nr_lazy, expected, ahead) {
+            if f.nr_lazy < expected
+                && !self.add_order_explains(f.nr_lazy, expected, ahead, DROP_ORDER_SPAN)
+            {
                 let dropped = expected - f.nr_lazy;
                 let held = self.model.unsubtracted().to_vec();
                 match nodes_summing_to(&held, dropped) {
@@ -1255,7 +1262,7 @@ impl<'o> Replayer<'o> {
         // add order too (3 of the 7 `nr_lazy` misses left on fix-size and random-size).
         let first_after_purge = std::mem::take(&mut self.first_free_after_purge);
         let ok = exact
-            || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead)
+            || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead, ADD_ORDER_SPAN)
             || (first_after_purge && self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy));
         if ok && !exact {
             self.nr_lazy_reordered += 1;
@@ -1557,20 +1564,26 @@ impl<'o> Replayer<'o> {
     /// without theirs. Between two purge decrements the counter only grows, so the reported
     /// values themselves give the add order: a free reporting less was added earlier. The
     /// prediction agrees in add order when `observed - predicted` is exactly the pages of the
-    /// frees read ahead (up to [`ADD_ORDER_SPAN`], before the next purge event) that report
+    /// frees read ahead (up to `span`, before the next purge event) that report
     /// less, the closest below `observed` first, or `predicted - observed` those of the frees
     /// since the model's last purge step that reported more, the closest above first. Only the
     /// closest count: a node's decrement comes before the purge's event, so frees read ahead
     /// past it report far less without having been added earlier (on the 20 s fix-size capture
     /// of 1 Dec, counting every free that reported less left 16 such reorders unexplained).
     /// Counted as agreement (`nr_lazy_reordered` says how often).
-    fn add_order_explains(&self, observed: u64, predicted: u64, ahead: &dyn DrainLookup) -> bool {
+    fn add_order_explains(
+        &self,
+        observed: u64,
+        predicted: u64,
+        ahead: &dyn DrainLookup,
+        span: usize,
+    ) -> bool {
         let page = self.model.params().page_size;
         match observed.cmp(&predicted) {
             std::cmp::Ordering::Equal => true,
             std::cmp::Ordering::Greater => {
                 let mut earlier: Vec<(u64, u64)> = ahead
-                    .frees_ahead(ADD_ORDER_SPAN)
+                    .frees_ahead(span)
                     .into_iter()
                     .filter(|&(_, nr)| nr < observed)
                     .map(|(va, nr)| (nr, self.model.busy().get(&va).map_or(0, |b| b.size / page)))
@@ -1587,6 +1600,8 @@ impl<'o> Replayer<'o> {
                 let mut later: Vec<(u64, u64)> = self
                     .recent_frees
                     .iter()
+                    .rev()
+                    .take(span)
                     .copied()
                     .filter(|&(nr, _)| nr > observed)
                     .collect();
