@@ -134,6 +134,22 @@ fn four_allocated_and_freed() -> (Vec<u64>, String) {
     (p, t)
 }
 
+/// The preamble, then each of `areas`, `(cpu, addr, pages)`, allocated 100 ns apart from
+/// 3 000 ns and freed in the same order 100 ns apart from 4 000 ns, each free reporting the
+/// backlog so far.
+fn allocated_then_freed(areas: &[(u32, u64, u64)]) -> String {
+    let mut t = preamble();
+    for (i, &(cpu, addr, pages)) in areas.iter().enumerate() {
+        t += &alloc_sized(cpu, 3000 + 100 * i as u64, addr, pages * PAGE);
+    }
+    let mut backlog = 0;
+    for (i, &(_, addr, pages)) in areas.iter().enumerate() {
+        backlog += pages;
+        t += &free(4000 + 100 * i as u64, addr, backlog);
+    }
+    t
+}
+
 /// Every one of `frees` frees had its `nr_lazy` compared and agreed.
 fn assert_every_free_agrees(r: &Report, frees: u64) {
     assert_eq!(
@@ -532,13 +548,7 @@ fn a_batch_is_reconciled_by_a_free_allocated_after_the_purge() {
         VMALLOC_START + 12 * PAGE,
         VMALLOC_START + 16 * PAGE,
     );
-    let mut t = preamble();
-    t += &alloc_sized(0, 3000, a, 4 * PAGE);
-    t += &alloc_sized(1, 3100, b, 8 * PAGE);
-    t += &alloc_sized(0, 3200, c, 4 * PAGE);
-    t += &free(4000, a, 4);
-    t += &free(4100, b, 12);
-    t += &free(4200, c, 16);
+    let mut t = allocated_then_freed(&[(0, a, 4), (1, b, 8), (0, c, 4)]);
     t += &purge(5000, KWORKER, 2);
     t += &alloc_sized(0, 5100, d, 4 * PAGE);
     t += &free(5200, d, 12);
@@ -632,20 +642,15 @@ fn allocations_during_the_purge_loop_find_the_entry_it_reached() {
 fn a_batch_split_otherwise_between_the_nodes_is_shifted() {
     let at = |pages: u64| VMALLOC_START + pages * PAGE;
     let (a0, a1, x1, x2, y1, y2, z) = (at(0), at(4), at(8), at(12), at(16), at(24), at(32));
-    let mut t = preamble();
-    t += &alloc_sized(0, 3000, a0, 4 * PAGE);
-    t += &alloc_sized(1, 3100, a1, 4 * PAGE);
-    t += &alloc_sized(0, 3200, x1, 4 * PAGE);
-    t += &alloc_sized(0, 3300, x2, 4 * PAGE);
-    t += &alloc_sized(1, 3400, y1, 8 * PAGE);
-    t += &alloc_sized(1, 3500, y2, 8 * PAGE);
-    t += &alloc_sized(0, 3600, z, 4 * PAGE);
-    t += &free(4000, a0, 4);
-    t += &free(4100, a1, 8);
-    t += &free(4200, x1, 12);
-    t += &free(4300, x2, 16);
-    t += &free(4400, y1, 24);
-    t += &free(4500, y2, 32);
+    let mut t = allocated_then_freed(&[
+        (0, a0, 4),
+        (1, a1, 4),
+        (0, x1, 4),
+        (0, x2, 4),
+        (1, y1, 8),
+        (1, y2, 8),
+    ]);
+    t += &alloc_sized(0, 4600, z, 4 * PAGE);
     t += &purge(5000, KWORKER, 4);
     t += &work(KWORKER, 4150, 5100);
     t += &free(6000, z, 12);

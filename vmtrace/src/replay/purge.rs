@@ -211,16 +211,32 @@ impl<'o> Replayer<'o> {
     /// 1 Dec, one three-area shift left 530 frees 45 pages off until the next purge).
     fn shift_between_nodes(&mut self, got: &mut crate::model::Purged, delta: i64) -> bool {
         let page = self.model.params().page_size;
-        let nodes = self.model.params().layout.nr_nodes();
-        let mut best: Option<(usize, u32, u32)> = None;
-        for from in 0..nodes {
-            let back = newest_of_node(&got.batch, from);
-            for to in (0..nodes).filter(|&n| n != from) {
-                let take = self.oldest_lazy_of_node(to);
+        let nodes = self.model.params().layout.nr_nodes() as usize;
+        // Per node, once: its batch newest first and its lazy areas oldest first.
+        let mut back: Vec<Vec<crate::model::PurgedArea>> = vec![Vec::new(); nodes];
+        for b in &got.batch {
+            if let Some(v) = back.get_mut(b.node as usize) {
+                v.push(*b);
+            }
+        }
+        let mut take: Vec<Vec<crate::model::PurgedArea>> = vec![Vec::new(); nodes];
+        for (node, addr, area) in self.model.lazy().iter() {
+            if let Some(v) = take.get_mut(node as usize) {
+                v.push(crate::model::PurgedArea { addr, node, area });
+            }
+        }
+        for v in &mut back {
+            v.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
+        }
+        for v in &mut take {
+            v.sort_unstable_by_key(|t| t.area.seq);
+        }
+        let mut best: Option<(usize, usize, usize)> = None;
+        for (from, back) in back.iter().enumerate() {
+            for (to, take) in take.iter().enumerate().filter(|&(n, _)| n != from) {
                 let mut diff = 0i64;
-                let span = back.len().min(take.len()).min(SHIFT_SPAN);
-                for j in 0..span {
-                    diff += (take[j].1 / page) as i64 - (back[j].area.size / page) as i64;
+                for (j, (t, b)) in take.iter().zip(back).take(SHIFT_SPAN).enumerate() {
+                    diff += (t.area.size / page) as i64 - (b.area.size / page) as i64;
                     if diff == delta {
                         if best.is_none_or(|(k, _, _)| j + 1 < k) {
                             best = Some((j + 1, from, to));
@@ -233,33 +249,17 @@ impl<'o> Replayer<'o> {
         let Some((count, from, to)) = best else {
             return false;
         };
-        let back = newest_of_node(&got.batch, from);
-        let take = self.oldest_lazy_of_node(to);
-        for (b, &(addr, _)) in back.iter().zip(&take).take(count) {
-            let Some((node, area)) = self.model.lazy().find(addr) else {
-                return false;
-            };
-            if !self.model.swap_purged_sized(addr, b) {
-                return false;
+        // Stops at an area not where it should be; what moved so far stays moved.
+        let mut moved = 0;
+        for (b, t) in back[from].iter().zip(&take[to]).take(count) {
+            if !self.model.swap_purged_sized(t.addr, b) {
+                break;
             }
             got.batch.retain(|x| x.addr != b.addr);
-            got.batch
-                .push(crate::model::PurgedArea { addr, node, area });
+            got.batch.push(*t);
+            moved += 1;
         }
-        true
-    }
-
-    /// Node `node`'s lazy areas, `(addr, size)`, oldest first.
-    fn oldest_lazy_of_node(&self, node: u32) -> Vec<(u64, u64)> {
-        let mut lazy: Vec<(u64, u64, u64)> = self
-            .model
-            .lazy()
-            .iter()
-            .filter(|&(n, _, _)| n == node)
-            .map(|(_, a, l)| (l.seq, a, l.size))
-            .collect();
-        lazy.sort_unstable_by_key(|&(seq, _, _)| seq);
-        lazy.into_iter().map(|(_, a, size)| (a, size)).collect()
+        moved > 0
     }
 
     /// Puts every pool hidden whole since the last purge back, in its order, before a purge
@@ -461,14 +461,6 @@ const RECONCILE_SPAN: usize = 32;
 
 /// Most areas [`Replayer::shift_between_nodes`] moves each way: more than race one detach.
 const SHIFT_SPAN: usize = 8;
-
-/// The areas of `batch` purged from node `node`, newest first.
-fn newest_of_node(batch: &[crate::model::PurgedArea], node: u32) -> Vec<crate::model::PurgedArea> {
-    let mut of: Vec<crate::model::PurgedArea> =
-        batch.iter().filter(|b| b.node == node).copied().collect();
-    of.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
-    of
-}
 
 /// Most frees read ahead that [`Replayer::plan_joins`] ranks: more than race any one detach.
 const JOIN_SPAN: usize = 256;
