@@ -735,3 +735,39 @@ fn a_free_whose_event_comes_far_after_its_add_agrees_in_add_order() {
     assert_every_free_agrees(&r, 70);
     assert_eq!(r.nr_lazy_reordered, 70);
 }
+
+/// Pool entries from before the trace come out of the kernel's pool downwards. The snapshot
+/// holds five busy areas with four one-area holes between them, H1 to H4 upwards, which the
+/// kernel's node 0 pool holds (vmallocinfo does not list pooled areas). The kernel takes H4,
+/// so the model hides H1 to H3 as unavailable; then H3 and H2, which it had hidden. The second
+/// of those, below the first, puts H1 into the model's pool, and H1 is predicted from it.
+#[test]
+fn hidden_ranges_below_two_descending_hidden_picks_become_the_pool() {
+    let at = |i: u64| VMALLOC_START + i * AREA;
+    let busy: Vec<String> = (0..5)
+        .map(|k| {
+            format!(
+                "{{\"start\":\"{:#x}\",\"end\":\"{:#x}\",\"size\":{AREA},\"kind\":\"busy\"}}",
+                at(2 * k),
+                at(2 * k + 1)
+            )
+        })
+        .collect();
+    let header = preamble();
+    let header = header.lines().next().expect("header");
+    let mut t = format!(
+        "{header}\n{{\"type\":\"vmallocinfo\",\"ts_start_ns\":1000,\"ts_end_ns\":2000,\"real_addresses\":true,\"areas\":[{}]}}\n",
+        busy.join(",")
+    );
+    for (i, k) in [7, 5, 3, 1].into_iter().enumerate() {
+        t += &alloc(3000 + 100 * i as u64, at(k));
+    }
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.hidden_ranges_pooled, 1, "{:?}", r.first_divergences);
+    // H4 higher than the model's H1, H3 and H2 lower than its free tree, H1 from the pool.
+    assert_eq!((r.placement.compared, r.placement.agreed), (4, 1));
+    assert_eq!(
+        r.divergence_classes.get("kernel-lower-than-model"),
+        Some(&2)
+    );
+}

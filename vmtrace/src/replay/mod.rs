@@ -295,6 +295,9 @@ pub struct Report {
     /// before the trace, stale model pool entries), and hidden ranges the kernel used later.
     pub hidden_ranges: u64,
     pub hidden_ranges_used: u64,
+    /// Hidden ranges put into a pool because the kernel took the ones above them from it, in
+    /// its order ([`Replayer::pool_hidden_below`]).
+    pub hidden_ranges_pooled: u64,
     pub pooled_objects_at_end: u64,
     pub lazy_pages_at_end: u64,
     /// Successful allocations per node of the CPU that made them (the pool `node_alloc` would
@@ -658,6 +661,10 @@ struct Replayer<'o> {
     /// Ranges hidden as unavailable in the kernel, and hidden ranges the kernel used later.
     hidden: u64,
     unhidden: u64,
+    /// The last hidden range of exactly its request's size that the kernel took while the
+    /// model's pool for it was empty: `(node, size, addr)` ([`Replayer::pool_hidden_below`]).
+    hidden_pick: Option<(u32, u64, u64)>,
+    hidden_pooled: u64,
     /// Areas the model does not manage (other windows, conflicting placements): start → size.
     outside: HashMap<u64, u64>,
     obs_slots: PageTableSlots,
@@ -742,6 +749,8 @@ impl<'o> Replayer<'o> {
             pooled_found_free: 0,
             hidden: 0,
             unhidden: 0,
+            hidden_pick: None,
+            hidden_pooled: 0,
             outside: HashMap::new(),
             obs_slots: PageTableSlots::new(),
             pred_slots: PageTableSlots::new(),
@@ -1040,9 +1049,9 @@ impl<'o> Replayer<'o> {
         if let Some(c) = context.as_mut() {
             self.fill_lowest(c, size);
         }
+        let node32 = p.layout.cpu_to_node(a.ctx.cpu);
         // Entries the model's pool holds ahead of the kernel's pick, when the kernel took it
         // from the same pool: the kernel's pool did not have them on top.
-        let node32 = p.layout.cpu_to_node(a.ctx.cpu);
         let ahead_of_pick: Vec<u64> = match &pred_addr {
             Some(g) if g.placement == Placement::Pool => {
                 let pool = self.model.pools();
@@ -1085,10 +1094,14 @@ impl<'o> Replayer<'o> {
                 ));
             }
         }
+        let exactly_hidden = self.model.hidden().get(&addr) == Some(&size);
         if claimed.is_err() && self.model.unhide(addr, size) {
             // The kernel used space the model had hidden: it was available after all.
             self.unhidden += 1;
             claimed = self.model.claim(&req, addr);
+            if exactly_hidden && claimed.is_ok() {
+                self.pool_hidden_below(&req, node32, addr);
+            }
         }
         if claimed.is_err() && self.swap_purged(addr, size) {
             // The kernel's last purge took this lazy area and left another the model took.
@@ -1470,6 +1483,37 @@ impl<'o> Replayer<'o> {
         }
     }
 
+    /// The kernel took `addr`, a hidden range of exactly the request's size, while the model's
+    /// pool for the request was empty. The second such pick in a row on the node, lower than
+    /// the first, reads as the kernel's pool handing out entries the trace never showed (from
+    /// before it, or left under the pool's later entries, which a decay never reaches: it cuts
+    /// from the head). `purge_vmap_node` pushes a batch in address order, so such a pool gives
+    /// them out downwards: the hidden ranges of that size below `addr` become the model's pool,
+    /// highest on top. When the kernel then takes something else, the pool is hidden again as
+    /// seen missing. On the 8 s full-fit recording of 1 Dec, placement after warm-up went from
+    /// 96.04 to 96.84 %; with every such pick, not the second in a row, random-size traces lost
+    /// up to 0.11 points. At most [`HIDDEN_POOL_SPAN`] are moved: 8 and 64 gave 96.65 and
+    /// 96.60 %, all of them 96.74 %.
+    fn pool_hidden_below(&mut self, req: &AllocRequest, node: u32, addr: u64) {
+        if !self.model.pool_eligible(req) || self.model.pools().len(node, req.size) != 0 {
+            return;
+        }
+        let prev = self.hidden_pick.replace((node, req.size, addr));
+        if !prev.is_some_and(|(n, z, a)| n == node && z == req.size && a > addr) {
+            return;
+        }
+        let below: Vec<u64> = self
+            .model
+            .hidden()
+            .range(..addr)
+            .rev()
+            .filter(|&(_, &z)| z == req.size)
+            .map(|(&s, _)| s)
+            .take(HIDDEN_POOL_SPAN)
+            .collect();
+        self.hidden_pooled += u64::from(self.model.restore_pooled(node, req.size, &below));
+    }
+
     /// The kernel allocated exactly an area the model still holds lazy, with no purge of it
     /// pending: the kernel's last purge took it, and left lazy one the model's purge took (the
     /// detach race: the kernel detaches the nodes' lazy lists one after another, while the
@@ -1668,6 +1712,7 @@ impl<'o> Replayer<'o> {
             pooled_found_free: self.pooled_found_free,
             hidden_ranges: self.hidden,
             hidden_ranges_used: self.unhidden,
+            hidden_ranges_pooled: self.hidden_pooled,
             pooled_objects_at_end: self.model.pools().objects(),
             lazy_pages_at_end: self.model.lazy_pages(),
             allocs_per_node: self.obs_per_node,
@@ -1714,6 +1759,9 @@ impl std::fmt::Display for AllocContext {
 
 /// Pool entries replay hid as a run: put back in order from the one after an entry the kernel
 /// is seen taking.
+/// Most hidden ranges [`Replayer::pool_hidden_below`] puts into a pool at once.
+const HIDDEN_POOL_SPAN: usize = 512;
+
 struct HiddenPool {
     node: u32,
     size: u64,
