@@ -736,25 +736,33 @@ fn a_free_whose_event_comes_far_after_its_add_agrees_in_add_order() {
     assert_eq!(r.nr_lazy_reordered, 70);
 }
 
-/// The snapshot of [`hidden_ranges_below_two_descending_hidden_picks_become_the_pool`]: five
-/// busy areas with a one-area hole between each two, at odd area indexes 1 to 7.
-fn four_holes() -> String {
-    let at = |i: u64| VMALLOC_START + i * AREA;
+/// The start of the `i`th area-sized slot from VMALLOC_START.
+fn slot(i: u64) -> u64 {
+    VMALLOC_START + i * AREA
+}
+
+/// A snapshot of five busy areas with a one-area hole between each two (H1 to H4 upwards, at
+/// slots 1, 3, 5 and 7), then the kernel allocating `picks` (slots) on CPU 0 in order; replayed.
+fn four_holes_then(picks: &[u64]) -> Report {
     let busy: Vec<String> = (0..5)
         .map(|k| {
             format!(
                 "{{\"start\":\"{:#x}\",\"end\":\"{:#x}\",\"size\":{AREA},\"kind\":\"busy\"}}",
-                at(2 * k),
-                at(2 * k + 1)
+                slot(2 * k),
+                slot(2 * k + 1)
             )
         })
         .collect();
     let header = preamble();
     let header = header.lines().next().expect("header");
-    format!(
+    let mut t = format!(
         "{header}\n{{\"type\":\"vmallocinfo\",\"ts_start_ns\":1000,\"ts_end_ns\":2000,\"real_addresses\":true,\"areas\":[{}]}}\n",
         busy.join(",")
-    )
+    );
+    for (i, &k) in picks.iter().enumerate() {
+        t += &alloc(3000 + 100 * i as u64, slot(k));
+    }
+    replay(t.as_bytes(), &options()).expect("replay")
 }
 
 /// Pool entries from before the trace come out of the kernel's pool downwards. The snapshot
@@ -764,12 +772,7 @@ fn four_holes() -> String {
 /// of those, below the first, puts H1 into the model's pool, and H1 is predicted from it.
 #[test]
 fn hidden_ranges_below_two_descending_hidden_picks_become_the_pool() {
-    let at = |i: u64| VMALLOC_START + i * AREA;
-    let mut t = four_holes();
-    for (i, k) in [7, 5, 3, 1].into_iter().enumerate() {
-        t += &alloc(3000 + 100 * i as u64, at(k));
-    }
-    let r = replay(t.as_bytes(), &options()).expect("replay");
+    let r = four_holes_then(&[7, 5, 3, 1]);
     assert_eq!(r.hidden_ranges_pooled, 1, "{:?}", r.first_divergences);
     // H4 higher than the model's H1, H3 and H2 lower than its free tree, H1 from the pool.
     assert_eq!((r.placement.compared, r.placement.agreed), (4, 1));
@@ -780,17 +783,12 @@ fn hidden_ranges_below_two_descending_hidden_picks_become_the_pool() {
 }
 
 /// Hidden ranges the kernel's lowest fit walks up through go back to the free tree. The kernel
-/// first takes the area above the four holes of [`four_holes`] (from a pool the model does not
+/// first takes the area above the four holes of [`four_holes_then`] (from a pool the model does not
 /// know of), so the model hides the holes; then H1 and H2, which it had hidden. The second of
 /// those, above the first, gives H3 and H4 back, and both are predicted.
 #[test]
 fn hidden_ranges_above_two_ascending_hidden_picks_are_freed() {
-    let at = |i: u64| VMALLOC_START + i * AREA;
-    let mut t = four_holes();
-    for (i, k) in [9, 1, 3, 5, 7].into_iter().enumerate() {
-        t += &alloc(3000 + 100 * i as u64, at(k));
-    }
-    let r = replay(t.as_bytes(), &options()).expect("replay");
+    let r = four_holes_then(&[9, 1, 3, 5, 7]);
     assert_eq!(r.hidden_ranges_freed, 2, "{:?}", r.first_divergences);
     // The first pick higher than the model's H1, H1 and H2 lower than its free tree, then
     // H3 and H4 predicted.

@@ -1103,7 +1103,7 @@ impl<'o> Replayer<'o> {
                 ));
             }
         }
-        let exactly_hidden = self.model.hidden().get(&addr) == Some(&size);
+        let exactly_hidden = claimed.is_err() && self.model.hidden().get(&addr) == Some(&size);
         if claimed.is_err() && self.model.unhide(addr, size) {
             // The kernel used space the model had hidden: it was available after all.
             self.unhidden += 1;
@@ -1533,7 +1533,7 @@ impl<'o> Replayer<'o> {
     /// kernel's picks above them came from a pool the model did not know of (the hiding rule
     /// takes every pick the model had free as a free-tree pick). Every hidden range of exactly
     /// that size between the pick and `predicted` goes back to the free tree. On the 8 s
-    /// full-fit recording of 2 Dec placement after warm-up went from 96.84 to 97.93 %, and no
+    /// full-fit recording of 1 Dec placement after warm-up went from 96.84 to 97.93 %, and no
     /// other recording lost. Giving back the longer hidden ranges in that span too cost
     /// random-size 0.29 (20 s) and 0.32 points (8 s). Doing so from the first pick, only when
     /// no hidden range that fits lies below it, changed nothing on full-fit (one always did)
@@ -1804,11 +1804,11 @@ impl std::fmt::Display for AllocContext {
     }
 }
 
-/// Pool entries replay hid as a run: put back in order from the one after an entry the kernel
-/// is seen taking.
 /// Most hidden ranges [`Replayer::pool_hidden_below`] puts into a pool at once.
 const HIDDEN_POOL_SPAN: usize = 512;
 
+/// Pool entries replay hid as a run: put back in order from the one after an entry the kernel
+/// is seen taking.
 struct HiddenPool {
     node: u32,
     size: u64,
