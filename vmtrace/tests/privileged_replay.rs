@@ -20,10 +20,11 @@ fn replay_of_real_stress_meets_the_floors() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("stress.jsonl");
+    // The issue's capture: 60 s of stress, 20 s of each pattern, 2 threads, in one trace.
     let script = format!(
-        "{v} stress fix-size --threads 2 --duration 8s >/dev/null && \
-         {v} stress random-size --threads 2 --duration 8s >/dev/null && \
-         {v} stress thread-churn --threads 2 --duration 8s >/dev/null",
+        "{v} stress fix-size --threads 2 --duration 20s >/dev/null && \
+         {v} stress random-size --threads 2 --duration 20s >/dev/null && \
+         {v} stress thread-churn --threads 2 --duration 20s >/dev/null",
         v = VMTRACE
     );
     let status = Command::new(VMTRACE)
