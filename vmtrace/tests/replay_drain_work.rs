@@ -744,12 +744,19 @@ fn slot(i: u64) -> u64 {
 /// A snapshot of five busy areas with a one-area hole between each two (H1 to H4 upwards, at
 /// slots 1, 3, 5 and 7), then the kernel allocating `picks` (slots) on CPU 0 in order; replayed.
 fn four_holes_then(picks: &[u64]) -> Report {
-    let busy: Vec<String> = (0..5)
-        .map(|k| {
+    busy_slots_then(&[0, 2, 4, 6, 8], picks)
+}
+
+/// A snapshot of one-area busy areas at the slots `busy`, then the kernel allocating `picks`
+/// (slots) on CPU 0 in order; replayed.
+fn busy_slots_then(busy: &[u64], picks: &[u64]) -> Report {
+    let busy: Vec<String> = busy
+        .iter()
+        .map(|&k| {
             format!(
                 "{{\"start\":\"{:#x}\",\"end\":\"{:#x}\",\"size\":{AREA},\"kind\":\"busy\"}}",
-                slot(2 * k),
-                slot(2 * k + 1)
+                slot(k),
+                slot(k + 1)
             )
         })
         .collect();
@@ -797,4 +804,77 @@ fn hidden_ranges_above_two_ascending_hidden_picks_are_freed() {
         r.divergence_classes.get("kernel-lower-than-model"),
         Some(&2)
     );
+}
+
+/// Adjacent pool entries the model had merged into one hidden range are split once the
+/// kernel is seen taking them from the top down. The snapshot leaves a ten-area hole (slots 1
+/// to 10) between two busy areas; the kernel first takes slot 13, above it (from a pool the
+/// model does not know of), so the model hides the hole as one range. Then the kernel takes
+/// slots 10, 9, 8, 7 and 6, each the top of what is left hidden; at the fifth the rest is
+/// split into one-area pieces, slot 5 (exact, below 6) turns slots 4 to 1 into the pool, and
+/// those four are predicted from it. Before, every pick unhid the range, took its top and hid
+/// the rest again, and all eleven missed.
+#[test]
+fn a_hidden_range_taken_from_the_top_five_times_is_split_into_pool_entries() {
+    let r = busy_slots_then(&[0, 11], &[13, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(r.hidden_ranges_split, 1, "{:?}", r.first_divergences);
+    assert_eq!(r.hidden_ranges_pooled, 4, "{:?}", r.first_divergences);
+    assert_eq!(
+        (r.placement.compared, r.placement.agreed),
+        (11, 4),
+        "{:?}",
+        r.first_divergences
+    );
+}
+
+/// Four picks from the top are not enough: a descending walk through free space the model had
+/// hidden in one piece takes tops too. The same hole as above, taken from slot 10 down to 7,
+/// is not split, and every pick misses.
+#[test]
+fn a_hidden_range_taken_from_the_top_four_times_is_not_split() {
+    let r = busy_slots_then(&[0, 11], &[13, 10, 9, 8, 7]);
+    assert_eq!(r.hidden_ranges_split, 0, "{:?}", r.first_divergences);
+    assert_eq!((r.placement.compared, r.placement.agreed), (5, 0));
+}
+
+/// The detach race decided the other way, with the node that ends first holding more than
+/// the model's batch. A0 (8 pages, node 0), B1 and C1 (node 1) and Y0 are freed in that order,
+/// and the kernel purges three: node 1 detached before C1's free, node 0 after Y0's. The reuse
+/// of A0 purges both nodes with the oldest three (A0 | B1 C1) and holds their pages; Z0's free
+/// then shows node 0's loop ended with 12 pages, more than either held batch (8 and 8) and
+/// less than both. C1 goes back to lazy and Y0 joins node 0's batch, which makes 12: the
+/// backlog agrees, and so does W0's after the purge event. Before, both nodes were subtracted
+/// and Z0's free disagreed.
+#[test]
+fn a_drop_above_a_nodes_batch_moves_the_other_nodes_newest_area_to_it() {
+    let at = |pages: u64| VMALLOC_START + pages * PAGE;
+    let (a0, b1, c1, y0, z0, w0) = (at(0), at(8), at(12), at(16), at(20), at(24));
+    let mut t = preamble();
+    for (i, (cpu, addr, pages)) in [
+        (0, a0, 8),
+        (1, b1, 4),
+        (1, c1, 4),
+        (0, y0, 4),
+        (0, z0, 4),
+        (0, w0, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        t += &alloc_sized(cpu, 3000 + 100 * i as u64, addr, pages * PAGE);
+    }
+    for (i, (addr, backlog)) in [(a0, 8), (b1, 12), (c1, 16), (y0, 20)]
+        .into_iter()
+        .enumerate()
+    {
+        t += &free(4000 + 100 * i as u64, addr, backlog);
+    }
+    t += &alloc_sized(0, 4500, a0, 8 * PAGE);
+    t += &free(4600, z0, 12);
+    t += &purge(5000, KWORKER, 3);
+    t += &free(5100, w0, 12);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.early_purges, 1, "the reuse starts the purge");
+    assert_eq!(r.batch_tails_moved, 1, "{:?}", r.first_divergences);
+    assert_every_free_agrees(&r, 6);
 }

@@ -784,6 +784,23 @@ impl Model {
         true
     }
 
+    /// Splits the hidden range starting at `addr` into hidden ranges of `piece` bytes each, for
+    /// replay to read them as pool entries one by one. False, and nothing changes, unless that
+    /// range is longer than `piece` and a whole number of pieces.
+    pub fn split_hidden(&mut self, addr: u64, piece: u64) -> bool {
+        let Some(&len) = self.hidden.get(&addr) else {
+            return false;
+        };
+        if piece == 0 || len <= piece || len % piece != 0 {
+            return false;
+        }
+        self.sticky.remove(&(addr, len));
+        for s in (addr..addr + len).step_by(piece as usize) {
+            self.hidden.insert(s, piece);
+        }
+        true
+    }
+
     /// Returns every hidden range overlapping `[addr, addr+size)` to the free tree (the kernel
     /// just used that space, so it was free or pooled there after all). True if any was.
     pub fn unhide(&mut self, addr: u64, size: u64) -> bool {
@@ -908,6 +925,72 @@ impl Model {
         taken
     }
 
+    /// What [`Model::move_batch_tail`] would move: the newest areas of `from`'s batch adding up
+    /// to exactly `pages`, and as many of `to`'s oldest lazy areas (`(seq, addr, area)`,
+    /// oldest first). None when it could not.
+    #[allow(clippy::type_complexity)]
+    fn plan_batch_tail(
+        &self,
+        p: &PurgeInProgress,
+        from: u32,
+        pages: u64,
+        to: u32,
+    ) -> Option<(Vec<PurgedArea>, Vec<(u64, u64, LazyArea)>)> {
+        let page = self.params.page_size;
+        let held = |n: u32| {
+            self.unsubtracted
+                .iter()
+                .find(|&&(k, _)| k == n)
+                .map(|&(_, p)| p)
+        };
+        if from == to || held(to).is_none() || held(from).is_none_or(|h| h <= pages) {
+            return None;
+        }
+        let mut newest: Vec<PurgedArea> = p
+            .out
+            .batch
+            .iter()
+            .filter(|a| a.node == from)
+            .copied()
+            .collect();
+        newest.sort_unstable_by_key(|a| std::cmp::Reverse(a.area.seq));
+        let mut sum = 0;
+        let k = newest.iter().position(|a| {
+            sum += a.area.size / page;
+            sum >= pages
+        })?;
+        if sum != pages {
+            return None;
+        }
+        newest.truncate(k + 1);
+        let mut oldest: Vec<(u64, u64, LazyArea)> = self
+            .lazy
+            .iter()
+            .filter(|&(n, _, _)| n == to)
+            .map(|(_, addr, a)| (a.seq, addr, a))
+            .collect();
+        if oldest.len() < newest.len() {
+            return None;
+        }
+        oldest.sort_unstable_by_key(|&(seq, _, _)| seq);
+        oldest.truncate(newest.len());
+        Some((newest, oldest))
+    }
+
+    /// The pages node `to`'s held batch would gain from [`Model::move_batch_tail`] with these
+    /// arguments, without moving anything; None when the move could not be made.
+    pub fn batch_tail_gain(
+        &self,
+        p: &PurgeInProgress,
+        from: u32,
+        pages: u64,
+        to: u32,
+    ) -> Option<u64> {
+        let page = self.params.page_size;
+        self.plan_batch_tail(p, from, pages, to)
+            .map(|(_, oldest)| oldest.iter().map(|(_, _, a)| a.size / page).sum())
+    }
+
     /// The backlog drop that ended node `from`'s loop is `pages` less than its deferred batch,
     /// while the purge's count is right: the kernel detached `from`'s list before the newest
     /// frees the model put in its batch, and node `to`'s after as many more of its own (the
@@ -925,44 +1008,9 @@ impl Model {
         to: u32,
     ) -> usize {
         let page = self.params.page_size;
-        let held = |m: &Self, n: u32| {
-            m.unsubtracted
-                .iter()
-                .find(|&&(k, _)| k == n)
-                .map(|&(_, p)| p)
-        };
-        if from == to || held(self, to).is_none() || held(self, from).is_none_or(|h| h <= pages) {
-            return 0;
-        }
-        let mut newest: Vec<PurgedArea> = p
-            .out
-            .batch
-            .iter()
-            .filter(|a| a.node == from)
-            .copied()
-            .collect();
-        newest.sort_unstable_by_key(|a| std::cmp::Reverse(a.area.seq));
-        let mut sum = 0;
-        let Some(k) = newest.iter().position(|a| {
-            sum += a.area.size / page;
-            sum >= pages
-        }) else {
+        let Some((newest, oldest)) = self.plan_batch_tail(p, from, pages, to) else {
             return 0;
         };
-        if sum != pages {
-            return 0;
-        }
-        newest.truncate(k + 1);
-        let mut oldest: Vec<(u64, u64, LazyArea)> = self
-            .lazy
-            .iter()
-            .filter(|&(n, _, _)| n == to)
-            .map(|(_, addr, a)| (a.seq, addr, a))
-            .collect();
-        if oldest.len() < newest.len() {
-            return 0;
-        }
-        oldest.sort_unstable_by_key(|&(seq, _, _)| seq);
         let mut moved = 0;
         for (back, &(_, addr, area)) in newest.iter().zip(&oldest) {
             if !self.unpurge(back) {

@@ -166,8 +166,8 @@ pub fn render_text(r: &Report) -> String {
     let m = &r.model;
     let _ = writeln!(
         o,
-        "\nmodel ({} purges applied before their event, {} pooled ranges found free, {} ranges hidden, {} of them used later, {} pooled from below a pick, {} freed above one, {} pool entries put back, {} purge-loop entries withheld ({} taken early)): {} allocs ({} pool hits, {} rotations; fits FL {} LE {} RE {} NE {}), {} frees, {} purges, {} drains triggered; at end {} pooled, {} lazy pages",
-        r.early_purges, r.pooled_found_free, r.hidden_ranges, r.hidden_ranges_used, r.hidden_ranges_pooled, r.hidden_ranges_freed, r.pool_entries_restored, r.loop_entries_withheld, r.loop_entries_caught_up, m.allocs, m.pool_hits, m.pool_rotations, m.fit_fl, m.fit_le, m.fit_re, m.fit_ne,
+        "\nmodel ({} purges applied before their event, {} pooled ranges found free, {} ranges hidden, {} of them used later, {} pooled from below a pick, {} freed above one, {} split at a top pick, {} pool entries put back, {} purge-loop entries withheld ({} taken early)): {} allocs ({} pool hits, {} rotations; fits FL {} LE {} RE {} NE {}), {} frees, {} purges, {} drains triggered; at end {} pooled, {} lazy pages",
+        r.early_purges, r.pooled_found_free, r.hidden_ranges, r.hidden_ranges_used, r.hidden_ranges_pooled, r.hidden_ranges_freed, r.hidden_ranges_split, r.pool_entries_restored, r.loop_entries_withheld, r.loop_entries_caught_up, m.allocs, m.pool_hits, m.pool_rotations, m.fit_fl, m.fit_le, m.fit_re, m.fit_ne,
         m.frees, m.purges, m.drains_triggered, r.pooled_objects_at_end, r.lazy_pages_at_end
     );
     let l = &r.locks;
