@@ -903,3 +903,25 @@ fn a_drop_above_a_nodes_batch_moves_the_other_nodes_newest_area_to_it() {
     assert_eq!(r.batch_tails_moved, 1, "{:?}", r.first_divergences);
     assert_every_free_agrees(&r, 6);
 }
+
+/// The other side of the case above: the free whose event comes first after the purge's was
+/// added after the subtraction but after one still to come, whose add preceded it. A and B are
+/// freed and purged (8 pages); D's free reports 4 + 4 (C's pages and its own), then C's 8 + 4.
+/// C's value less the batch is below D's, so C was added before D, and both agree. Before, D's
+/// disagreed.
+#[test]
+fn a_free_after_a_purge_may_follow_the_add_of_one_that_preceded_the_subtraction() {
+    let at = |i: u64| VMALLOC_START + i * AREA;
+    let mut t = preamble();
+    for i in 0..4 {
+        t += &alloc(3000 + 100 * i, at(i));
+    }
+    t += &free(4000, at(0), 4);
+    t += &free(4100, at(1), 8);
+    t += &purge(5000, KWORKER, 2);
+    t += &free(5010, at(3), 8);
+    t += &free(5020, at(2), 12);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_every_free_agrees(&r, 4);
+    assert_eq!(r.nr_lazy_reordered, 2);
+}

@@ -386,6 +386,23 @@ fn swap_candidates<'a>(
 }
 
 /// Whether some prefix of `pages` adds up to exactly `want`.
+/// Every sum of a non-empty set of `nodes`' pages (just the total beyond 10 nodes).
+fn subset_sums(nodes: &[(u32, u64)]) -> Vec<u64> {
+    if nodes.len() > 10 {
+        return vec![nodes.iter().map(|&(_, p)| p).sum()];
+    }
+    (1u32..1 << nodes.len())
+        .map(|m| {
+            nodes
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| m & (1 << i) != 0)
+                .map(|(_, &(_, p))| p)
+                .sum()
+        })
+        .collect()
+}
+
 fn prefix_sums_reach(pages: impl Iterator<Item = u64>, want: u64) -> bool {
     let mut sum = 0;
     for p in pages {
@@ -1306,9 +1323,10 @@ impl<'o> Replayer<'o> {
         let since = self.since_purge.take();
         let ok = exact
             || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead, ADD_ORDER_SPAN)
-            || since
-                .as_deref()
-                .is_some_and(|s| self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy, s));
+            || since.as_deref().is_some_and(|s| {
+                self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy, s)
+                    || self.added_before_across_purge(f.nr_lazy, got.nr_lazy, ahead)
+            });
         if let Some(mut s) = since.filter(|s| s.len() + 1 < SINCE_PURGE_SPAN) {
             s.push((f.nr_lazy, pages));
             self.since_purge = Some(s);
@@ -1693,6 +1711,16 @@ impl<'o> Replayer<'o> {
             .filter(|&&(nr, _)| nr < observed)
             .map(|&(_, pages)| pages)
             .sum();
+        let per_node = self.last_batch_per_node();
+        [0, later].iter().any(|&l| {
+            (observed + l)
+                .checked_sub(predicted)
+                .is_some_and(|d| d > 0 && nodes_summing_to(&per_node, d).is_some())
+        })
+    }
+
+    /// The last purge's batch as `(node, pages)`.
+    fn last_batch_per_node(&self) -> Vec<(u32, u64)> {
         let page = self.model.params().page_size;
         let mut per_node: Vec<(u32, u64)> = Vec::new();
         for a in &self.last_batch {
@@ -1701,11 +1729,44 @@ impl<'o> Replayer<'o> {
                 None => per_node.push((a.node, a.area.size / page)),
             }
         }
-        [0, later].iter().any(|&l| {
-            (observed + l)
-                .checked_sub(predicted)
-                .is_some_and(|d| d > 0 && nodes_summing_to(&per_node, d).is_some())
-        })
+        per_node
+    }
+
+    /// The other side of [`Replayer::last_purge_nodes_explain`]: a free soon after a purge
+    /// event whose backlog exceeds the model's by the pages of frees read ahead that reported
+    /// the backlog from before the purge's subtraction. Those were added before the
+    /// subtraction, so before this free (added after it); their value less the batches of a
+    /// set of the purge's nodes is below this free's. On a fresh 20 s fix-size capture of 2
+    /// Dec, the free right before the one [`Replayer::last_purge_nodes_explain`] read reported
+    /// its pages: the last `nr_lazy` miss after warm-up there.
+    fn added_before_across_purge(
+        &self,
+        observed: u64,
+        predicted: u64,
+        ahead: &dyn DrainLookup,
+    ) -> bool {
+        let Some(d) = observed.checked_sub(predicted).filter(|&d| d > 0) else {
+            return false;
+        };
+        let sums = subset_sums(&self.last_batch_per_node());
+        let page = self.model.params().page_size;
+        let mut earlier: Vec<(u64, u64)> = ahead
+            .frees_ahead(SINCE_PURGE_SPAN)
+            .into_iter()
+            .filter_map(|(va, nr)| {
+                let before = sums
+                    .iter()
+                    .filter_map(|&b| nr.checked_sub(b))
+                    .filter(|&v| v < observed)
+                    .max()?;
+                (nr >= observed).then(|| {
+                    let pages = self.model.busy().get(&va).map_or(0, |b| b.size / page);
+                    (before, pages)
+                })
+            })
+            .collect();
+        earlier.sort_unstable_by_key(|&(v, _)| std::cmp::Reverse(v));
+        prefix_sums_reach(earlier.iter().map(|&(_, pages)| pages), d)
     }
 
     /// A node's loop ended with a drop below its deferred batch, while the purge's count is
