@@ -505,13 +505,13 @@ fn a_nodes_drop_can_take_a_free_from_after_the_start() {
     assert_every_free_agrees(&r, 7);
 }
 
-/// The first free after a purge event can have added its pages before the purge's nodes
-/// subtracted theirs: its backlog still holds their batches. P0..P3 are freed and purged; P4's
+/// Frees right after a purge event can have added their pages before the purge's nodes
+/// subtracted theirs: their backlogs still hold those batches. P0..P3 are freed and purged; P4's
 /// free, right after the event, reports 16 + 4 pages, not 4. P5's, next, may have been added
 /// right after P4's, before the subtraction too (24), but no order of adds and subtractions
 /// gives 28.
 #[test]
-fn the_first_free_after_a_purge_may_precede_its_subtraction() {
+fn frees_after_a_purge_may_precede_its_subtraction() {
     let run = |second: u64| {
         let (_, mut t) = four_allocated_and_freed();
         let (p4, p5) = (VMALLOC_START + 4 * AREA, VMALLOC_START + 5 * AREA);
@@ -905,23 +905,36 @@ fn a_drop_above_a_nodes_batch_moves_the_other_nodes_newest_area_to_it() {
 }
 
 /// The other side of the case above: the free whose event comes first after the purge's was
-/// added after the subtraction but after one still to come, whose add preceded it. A and B are
-/// freed and purged (8 pages); D's free reports 4 + 4 (C's pages and its own), then C's 8 + 4.
-/// C's value less the batch is below D's, so C was added before D, and both agree. Before, D's
-/// disagreed.
+/// added after the subtraction but after one still to come, whose add preceded it. A (4 pages)
+/// and B (8) are freed and purged (12 pages); D's free reports 4 + 4 (C's pages and its own),
+/// then C's 12 + 4. C's value less the batch is exactly D's backlog without its own pages, so
+/// C was added right before D, and both agree. Before, D's disagreed. A steady offset of 4
+/// pages instead (D 8, C 12) is not read that way: C's value less the batch does not chain to
+/// D's, and both miss.
 #[test]
 fn a_free_after_a_purge_may_follow_the_add_of_one_that_preceded_the_subtraction() {
-    let at = |i: u64| VMALLOC_START + i * AREA;
-    let mut t = preamble();
-    for i in 0..4 {
-        t += &alloc(3000 + 100 * i, at(i));
-    }
-    t += &free(4000, at(0), 4);
-    t += &free(4100, at(1), 8);
-    t += &purge(5000, KWORKER, 2);
-    t += &free(5010, at(3), 8);
-    t += &free(5020, at(2), 12);
-    let r = replay(t.as_bytes(), &options()).expect("replay");
+    let run = |c_nr_lazy: u64| {
+        let at = |pages: u64| VMALLOC_START + pages * PAGE;
+        let (a, b, c, d) = (at(0), at(4), at(12), at(16));
+        let mut t = preamble();
+        for (i, (addr, pages)) in [(a, 4), (b, 8), (c, 4), (d, 4)].into_iter().enumerate() {
+            t += &alloc_sized(0, 3000 + 100 * i as u64, addr, pages * PAGE);
+        }
+        t += &free(4000, a, 4);
+        t += &free(4100, b, 12);
+        t += &purge(5000, KWORKER, 2);
+        t += &free(5010, d, 8);
+        t += &free(5020, c, c_nr_lazy);
+        replay(t.as_bytes(), &options()).expect("replay")
+    };
+    let r = run(16);
     assert_every_free_agrees(&r, 4);
     assert_eq!(r.nr_lazy_reordered, 2);
+    let r = run(12);
+    assert_eq!(
+        (r.nr_lazy.compared, r.nr_lazy.agreed),
+        (4, 2),
+        "{:?}",
+        r.first_divergences
+    );
 }

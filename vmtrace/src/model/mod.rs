@@ -785,8 +785,10 @@ impl Model {
     }
 
     /// Splits the hidden range starting at `addr` into hidden ranges of `piece` bytes each, for
-    /// replay to read them as pool entries one by one. False, and nothing changes, unless that
-    /// range is longer than `piece` and a whole number of pieces.
+    /// replay to read them as pool entries one by one. The pieces are not sticky, even if the
+    /// range was (a purge gives them back): the kernel was just seen using the range. False,
+    /// and nothing changes, unless that range is longer than `piece` and a whole number of
+    /// pieces.
     pub fn split_hidden(&mut self, addr: u64, piece: u64) -> bool {
         let Some(&len) = self.hidden.get(&addr) else {
             return false;
@@ -991,12 +993,14 @@ impl Model {
             .map(|(_, oldest)| oldest.iter().map(|(_, _, a)| a.size / page).sum())
     }
 
-    /// The backlog drop that ended node `from`'s loop is `pages` less than its deferred batch,
-    /// while the purge's count is right: the kernel detached `from`'s list before the newest
-    /// frees the model put in its batch, and node `to`'s after as many more of its own (the
-    /// detach race, decided the other way). The newest areas of `from`'s batch that add up to
-    /// `pages` go back to its lazy tree, and as many of `to`'s oldest lazy areas join `to`'s
-    /// batch, pooled as its loop would, with the backlog held for `to` grown by their pages.
+    /// The detach race decided the other way between two nodes, while the purge's count is
+    /// right: the kernel detached `from`'s list before the newest frees the model put in its
+    /// batch, and node `to`'s after as many more of its own. Replay sees it when the backlog
+    /// drop that ended one node's loop differs from that node's deferred batch: `from`'s drop
+    /// below its batch, or `to`'s above its own. The newest areas of `from`'s batch that add up
+    /// to `pages` go back to its lazy tree, and as many of `to`'s oldest lazy areas join `to`'s
+    /// batch, pooled as its loop would, with the backlog held for `from` shrunk and for `to`
+    /// grown by their pages.
     /// Both nodes must be purged with their subtraction deferred ([`Model::unsubtracted`]).
     /// Returns how many areas moved each way; 0 when none could, or when not all could (an area
     /// already reused: those that could have moved).

@@ -40,7 +40,7 @@ use crate::model::{
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 use detach::{Detach, StepFit};
 use lookahead::{DrainItem, DrainLookup, Lookahead};
-use purge::nodes_summing_to;
+use purge::{node_sets, nodes_summing_to};
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
 pub use report::{render_comparison, render_fit, render_text};
@@ -301,8 +301,8 @@ pub struct Report {
     /// Hidden ranges given back to the free tree because the kernel's lowest fit was seen
     /// walking up through them ([`Replayer::free_hidden_above`]).
     pub hidden_ranges_freed: u64,
-    /// Hidden ranges split into request-sized pieces because the kernel took the top one
-    /// ([`Replayer::split_merged_pool`]).
+    /// Hidden ranges split into request-sized pieces because the kernel took their tops
+    /// [`TOP_PICKS_TO_SPLIT`] times in a row ([`Replayer::split_merged_pool`]).
     pub hidden_ranges_split: u64,
     pub pooled_objects_at_end: u64,
     pub lazy_pages_at_end: u64,
@@ -349,7 +349,8 @@ pub const ADD_ORDER_SPAN: usize = 512;
 /// reorder found far away would hide the drop.
 const DROP_ORDER_SPAN: usize = 64;
 /// How many frees after a purge event may still report a backlog from before its last
-/// subtractions ([`Replayer::last_purge_nodes_explain`]).
+/// subtractions ([`Replayer::last_purge_nodes_explain`]); also how many frees
+/// [`Replayer::added_before_across_purge`] reads ahead.
 const SINCE_PURGE_SPAN: usize = 8;
 
 /// How many batches before the last two [`Replayer::swap_purged`] still searches.
@@ -386,23 +387,6 @@ fn swap_candidates<'a>(
 }
 
 /// Whether some prefix of `pages` adds up to exactly `want`.
-/// Every sum of a non-empty set of `nodes`' pages (just the total beyond 10 nodes).
-fn subset_sums(nodes: &[(u32, u64)]) -> Vec<u64> {
-    if nodes.len() > 10 {
-        return vec![nodes.iter().map(|&(_, p)| p).sum()];
-    }
-    (1u32..1 << nodes.len())
-        .map(|m| {
-            nodes
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| m & (1 << i) != 0)
-                .map(|(_, &(_, p))| p)
-                .sum()
-        })
-        .collect()
-}
-
 fn prefix_sums_reach(pages: impl Iterator<Item = u64>, want: u64) -> bool {
     let mut sum = 0;
     for p in pages {
@@ -1325,7 +1309,7 @@ impl<'o> Replayer<'o> {
             || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead, ADD_ORDER_SPAN)
             || since.as_deref().is_some_and(|s| {
                 self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy, s)
-                    || self.added_before_across_purge(f.nr_lazy, got.nr_lazy, ahead)
+                    || self.added_before_across_purge(f.nr_lazy, got.nr_lazy, pages, ahead)
             });
         if let Some(mut s) = since.filter(|s| s.len() + 1 < SINCE_PURGE_SPAN) {
             s.push((f.nr_lazy, pages));
@@ -1337,8 +1321,7 @@ impl<'o> Replayer<'o> {
         if self.recent_frees.len() >= ADD_ORDER_SPAN {
             self.recent_frees.pop_front();
         }
-        self.recent_frees
-            .push_back((f.nr_lazy, got.size / self.model.params().page_size));
+        self.recent_frees.push_back((f.nr_lazy, pages));
         self.nr_lazy.add(ok);
         if self.warmed_up {
             self.nr_lazy_warm.add(ok);
@@ -1592,7 +1575,9 @@ impl<'o> Replayer<'o> {
             return;
         };
         let run = match self.top_pick {
-            Some((n, z, a, k)) if n == node && z == req.size && a == addr + req.size => k + 1,
+            Some((n, z, a, k)) if n == node && z == req.size && a == addr + req.size => {
+                k.saturating_add(1)
+            }
             _ => 1,
         };
         self.top_pick = Some((node, req.size, addr, run));
@@ -1699,7 +1684,7 @@ impl<'o> Replayer<'o> {
     /// backlog for it lacks their pages, which the model's holds: the difference is looked for
     /// with and without them. On a fresh 20 s fix-size capture of 2 Dec a free reported the
     /// backlog from before a purge's subtraction two frees after the purge event, behind one
-    /// added after it: 2 of its 4 `nr_lazy` misses.
+    /// added after it: 1 of its 4 `nr_lazy` misses.
     fn last_purge_nodes_explain(
         &self,
         observed: u64,
@@ -1713,8 +1698,9 @@ impl<'o> Replayer<'o> {
             .sum();
         let per_node = self.last_batch_per_node();
         [0, later].iter().any(|&l| {
-            (observed + l)
-                .checked_sub(predicted)
+            observed
+                .checked_add(l)
+                .and_then(|o| o.checked_sub(predicted))
                 .is_some_and(|d| d > 0 && nodes_summing_to(&per_node, d).is_some())
         })
     }
@@ -1733,40 +1719,55 @@ impl<'o> Replayer<'o> {
     }
 
     /// The other side of [`Replayer::last_purge_nodes_explain`]: a free soon after a purge
-    /// event whose backlog exceeds the model's by the pages of frees read ahead that reported
-    /// the backlog from before the purge's subtraction. Those were added before the
-    /// subtraction, so before this free (added after it); their value less the batches of a
-    /// set of the purge's nodes is below this free's. On a fresh 20 s fix-size capture of 2
-    /// Dec, the free right before the one [`Replayer::last_purge_nodes_explain`] read reported
-    /// its pages: the last `nr_lazy` miss after warm-up there.
+    /// event, added after the purge's subtraction, whose backlog exceeds the model's by the
+    /// pages of frees read ahead that were added before the subtraction (so before this free).
+    /// Those report the backlog from before it, and their adds chain exactly: with `b` the
+    /// batches of a set of the purge's nodes, the closest reports `b` more than this free's
+    /// backlog without its own `pages`, the next `b` more than that less the closest's pages,
+    /// and so on. Anything looser let a steady offset after a purge pass (a free simply next in
+    /// order reports more, and less than `b` above). On a fresh 20 s fix-size capture of 2 Dec
+    /// this read the free right before the one [`Replayer::last_purge_nodes_explain`] read, and
+    /// no `nr_lazy` miss was left there after warm-up.
     fn added_before_across_purge(
         &self,
         observed: u64,
         predicted: u64,
+        pages: u64,
         ahead: &dyn DrainLookup,
     ) -> bool {
         let Some(d) = observed.checked_sub(predicted).filter(|&d| d > 0) else {
             return false;
         };
-        let sums = subset_sums(&self.last_batch_per_node());
+        let Some(before_own) = observed.checked_sub(pages) else {
+            return false;
+        };
         let page = self.model.params().page_size;
-        let mut earlier: Vec<(u64, u64)> = ahead
+        let ahead: Vec<(u64, u64)> = ahead
             .frees_ahead(SINCE_PURGE_SPAN)
             .into_iter()
-            .filter_map(|(va, nr)| {
-                let before = sums
-                    .iter()
-                    .filter_map(|&b| nr.checked_sub(b))
-                    .filter(|&v| v < observed)
-                    .max()?;
-                (nr >= observed).then(|| {
-                    let pages = self.model.busy().get(&va).map_or(0, |b| b.size / page);
-                    (before, pages)
-                })
-            })
+            .filter(|&(_, nr)| nr >= observed)
+            .map(|(va, nr)| (nr, self.model.busy().get(&va).map_or(0, |b| b.size / page)))
             .collect();
-        earlier.sort_unstable_by_key(|&(v, _)| std::cmp::Reverse(v));
-        prefix_sums_reach(earlier.iter().map(|&(_, pages)| pages), d)
+        let per_node = self.last_batch_per_node();
+        let chains = node_sets(&per_node).any(|(_, b)| {
+            let (mut want, mut sum) = (before_own, 0u64);
+            let mut used = vec![false; ahead.len()];
+            while sum < d {
+                let Some(k) =
+                    (0..ahead.len()).find(|&k| !used[k] && ahead[k].0.checked_sub(b) == Some(want))
+                else {
+                    return false;
+                };
+                used[k] = true;
+                sum += ahead[k].1;
+                let Some(w) = want.checked_sub(ahead[k].1) else {
+                    return false;
+                };
+                want = w;
+            }
+            sum == d
+        });
+        chains
     }
 
     /// A node's loop ended with a drop below its deferred batch, while the purge's count is
@@ -1974,7 +1975,8 @@ const HIDDEN_POOL_SPAN: usize = 512;
 /// How many kernel picks in a row, each at the top of a hidden range and right below the last,
 /// [`Replayer::split_merged_pool`] waits for before it splits the range. Swept on the eight
 /// recordings of 1 Dec (placement after warm-up, misses): 3 split 119 ranges on full-fit
-/// (7,493) but cost 20 s fix-size 6 and 8 s fix-size 1; 5 split 111 (7,703) and lost nowhere
+/// (7,493) but cost 20 s fix-size 6; 4 cost 20 s fix-size 12 (these small
+/// losses do not fall with the run); 5 split 111 (7,703) and lost nowhere
 /// (fix-size 20 s gained 35); 10 split 101 (8,176). Splitting at the second pick, as soon as
 /// one top pick followed another, cost 20 s fix-size 75: a descending walk through free
 /// space the model had hidden in one piece also takes tops, 1 time in 18 of a size that

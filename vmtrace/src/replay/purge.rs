@@ -131,7 +131,9 @@ impl<'o> Replayer<'o> {
         p.hold_joins();
     }
 
-    /// The first free after a purge event reports the kernel's backlog after the purge. When
+    /// The first free after a purge event reports the kernel's backlog after the purge (unless
+    /// its add came before the purge's last subtractions, or after frees still to come: see
+    /// [`Replayer::last_purge_nodes_explain`]; those are scored, not reconciled here). When
     /// the model keeps a different number of pages lazy, its batch (right in count, see the
     /// top-up) held other areas than the kernel's: the detach race decides which of the frees
     /// around the detach a node's batch takes, and with mixed sizes that shows in pages. One
@@ -465,21 +467,30 @@ const SHIFT_SPAN: usize = 8;
 /// Most frees read ahead that [`Replayer::plan_joins`] ranks: more than race any one detach.
 const JOIN_SPAN: usize = 256;
 
+/// Every non-empty set of `nodes` (`(node, batch pages)`) as a bit mask over their indices,
+/// with its pages; none when there are too many nodes to try every set.
+pub(super) fn node_sets(nodes: &[(u32, u64)]) -> impl Iterator<Item = (u32, u64)> + '_ {
+    let sets = if nodes.len() > 16 {
+        0
+    } else {
+        1u32 << nodes.len()
+    };
+    (1u32..sets).map(move |mask| {
+        let sum = (0..nodes.len())
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| nodes[i].1)
+            .sum();
+        (mask, sum)
+    })
+}
+
 /// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
 /// such set (the lowest node ids among equals), or `None` when none does or there are too many
 /// nodes to try every set.
 pub(super) fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
-    if nodes.len() > 16 {
-        return None;
-    }
-    (1u32..1 << nodes.len())
-        .filter(|mask| {
-            let sum: u64 = (0..nodes.len())
-                .filter(|i| mask & (1 << i) != 0)
-                .map(|i| nodes[i].1)
-                .sum();
-            sum == pages
-        })
+    node_sets(nodes)
+        .filter(|&(_, sum)| sum == pages)
+        .map(|(mask, _)| mask)
         .min_by_key(|mask| (mask.count_ones(), *mask))
         .map(|mask| {
             (0..nodes.len())
