@@ -42,6 +42,15 @@ pub enum Command {
     /// With --report DIR it also writes charts (SVG, PNG) and an index.html there.
     /// See docs/model.md for what the model does and does not know.
     Replay(ReplayArgs),
+    /// Measure the what-if simulation's inputs from recordings and write them as a calibration.
+    ///
+    /// From each trace's `contention` records (`--probes lock_waits`) it estimates the hold time
+    /// of each vmap lock class; from its `work` records (`--probes purge_work`) the drain
+    /// latency distribution and the purge cost. What no trace shows keeps its documented
+    /// default, and the file says which ones those are. `vmtrace replay --costs FILE` and
+    /// `vmtrace synth --costs FILE` use it. Calibrate on some recordings and validate on
+    /// others (docs/model.md, "Calibration").
+    Calibrate(CalibrateArgs),
     /// Generate a synthetic trace shaped like lib/test_vmalloc.c, with addresses chosen by the
     /// allocator model and timestamps from a per-CPU timing model (docs/synth.md).
     Synth(crate::synth::cli::SynthArgs),
@@ -203,6 +212,20 @@ pub struct ReplayArgs {
     #[arg(long = "cost", value_name = "NAME=NS", value_parser = parse_cost)]
     pub costs: Vec<(String, u64)>,
 
+    /// Free-running: the simulation's inputs, from a `vmtrace calibrate` file; `builtin` (the
+    /// default) is the calibration shipped for the 2-CPU reference machine, `none` the
+    /// documented round-figure defaults. --cost overrides single costs on top.
+    #[arg(
+        long = "costs",
+        value_name = "FILE|builtin|none",
+        default_value = "builtin"
+    )]
+    pub calibration: String,
+
+    /// Free-running: seed of the sampled drain latencies and long lock holds.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
     /// Fit the lock costs to the trace's own `contention` (and `latency`) events before the
     /// what-if comparison, starting from the defaults and any --cost; prints what was fitted.
     /// Reads the trace once per round, so it needs a file.
@@ -210,8 +233,24 @@ pub struct ReplayArgs {
     pub fit_costs: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// Traces recorded by `vmtrace record` with `--probes lock_waits,purge_work` (the
+    /// default probes); several are pooled.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+
+    /// Where to write the calibration (JSON); `-` writes it to stdout.
+    #[arg(short, long, default_value = "vmtrace-calibration.json")]
+    pub output: PathBuf,
+
+    /// Print the calibration as JSON on stdout instead of the summary table.
+    #[arg(long)]
+    pub json: bool,
+}
+
 fn parse_cost(s: &str) -> Result<(String, u64), String> {
-    crate::replay::timing::Costs::parse_override(s).map_err(|e| e.to_string())
+    crate::sim::timing::Costs::parse_override(s).map_err(|e| e.to_string())
 }
 
 fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {

@@ -11,6 +11,7 @@ pub mod model;
 pub mod probe;
 pub mod record;
 pub mod replay;
+pub mod sim;
 pub mod summary;
 pub mod synth;
 pub mod trace;

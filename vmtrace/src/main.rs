@@ -12,6 +12,7 @@ fn main() -> std::process::ExitCode {
         Command::Summary(args) => vmtrace::summary::run(args),
         Command::Probes(args) => vmtrace::probe::table::run(args),
         Command::Replay(args) => vmtrace::replay::cli::run(args),
+        Command::Calibrate(args) => vmtrace::replay::cli::calibrate(args),
         Command::Synth(args) => vmtrace::synth::cli::run(args),
         Command::Top(args) => vmtrace::tui::run(args),
         Command::Serve(args) => vmtrace::export::serve::run(args),

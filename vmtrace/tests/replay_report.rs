@@ -10,8 +10,8 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use vmtrace::model::Variant;
 use vmtrace::replay::charts::{write_report, ReportInput, CHARTS, HEIGHT, WIDTH};
-use vmtrace::replay::timing::HistBucket;
 use vmtrace::replay::{free_run, replay, FreeRunOptions, ReplayOptions};
+use vmtrace::sim::timing::HistBucket;
 use vmtrace::synth::{generate, SynthParams};
 
 fn bundled() -> PathBuf {

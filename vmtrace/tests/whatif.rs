@@ -12,8 +12,8 @@
 //! and its free-tree lock is busy nearly all of the simulated time.
 
 use vmtrace::model::Variant;
-use vmtrace::replay::timing::Costs;
 use vmtrace::replay::{free_run, FreeRunOptions, ReplayOptions, WhatIf};
+use vmtrace::sim::timing::Costs;
 use vmtrace::synth::{generate, SynthParams};
 use vmtrace::trace::LockClass;
 
@@ -66,7 +66,7 @@ fn what_if(bytes: &[u8], variant: Variant) -> WhatIf {
     w
 }
 
-fn class(w: &WhatIf, class: LockClass) -> vmtrace::replay::timing::ClassWait {
+fn class(w: &WhatIf, class: LockClass) -> vmtrace::sim::timing::ClassWait {
     w.lock_waits
         .iter()
         .find(|c| c.class == class)

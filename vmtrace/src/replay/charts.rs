@@ -26,9 +26,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::free_run::WhatIf;
-use super::timing::ClassWait;
 use super::Report;
 use crate::model::Variant;
+use crate::sim::timing::ClassWait;
 use crate::trace::LockClass;
 
 /// Size of every chart, in pixels (PNG) and user units (SVG).

@@ -5,7 +5,7 @@
 //!
 //! Every operation the model runs becomes a sequence of critical sections on lock instances,
 //! with costs from [`Costs`], in the order the kernel takes them (spec §2.4); the discrete-event
-//! simulation ([`super::des`]) plays the CPUs' streams against each other and predicts the lock
+//! simulation ([`crate::sim::des`]) plays the CPUs' streams against each other and predicts the lock
 //! waits, the throughput and their time series. `docs/model.md` ("Free-running replay",
 //! "Timing and contention model") describes both.
 
@@ -14,17 +14,29 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::des::{Des, LockRef, Op, OpKind, Step, WaitSample};
-use super::timing::{ClassWait, Costs, Observed, ObservedAcc};
 use super::{ReplayError, ReplayOptions, Replayer};
 use crate::model::{AllocRequest, LockCounts, Model, SlotCounts, Variant};
+use crate::sim::calibration::{Calibration, DrainLatency, HoldTail};
+use crate::sim::des::{Des, LockRef, Op, OpKind, Step, WaitSample};
+use crate::sim::timing::{ClassWait, Costs, Observed, ObservedAcc};
 use crate::trace::{LockClass, Record};
+use crate::workload::rng::SplitMix64;
 
 /// Worker latencies of the purge (the drain work's queueing delay), costs and simulation limits.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct FreeRunOptions {
-    /// From the free that crosses the threshold to the purge, on the default system workqueue.
+    /// From the free that crosses the threshold to the purge, on the default system workqueue,
+    /// when no measured distribution is given.
     pub purge_latency_ns: u64,
+    /// The measured drain latency (a calibration): sampled per purge instead of
+    /// `purge_latency_ns`, because the kernel's varies by two orders of magnitude.
+    pub drain_latency: Option<DrainLatency>,
+    /// Long holds per lock class (a calibration): with probability `tail_share` an ordinary
+    /// section holds `tail_ns` instead of its cost, as a holder that was interrupted does.
+    pub tails: BTreeMap<LockClass, HoldTail>,
+    /// Seeds the sampling of drain latencies and long holds: a run stays a pure function of
+    /// its inputs.
+    pub seed: u64,
     /// The same on `system_highpri_wq`, as the `nodes-capped` proposal queues it.
     pub highpri_latency_ns: u64,
     /// Utilisation window of the simulation (peak utilisation of one lock instance).
@@ -38,12 +50,23 @@ impl FreeRunOptions {
     /// Default utilisation window: 1 ms, long against a section (tens of ns to µs), short
     /// against the phases of a workload (a purge, a burst of frees).
     pub const DEFAULT_WINDOW_NS: u64 = 1_000_000;
+
+    /// Takes every input `calibration` measured: costs, long holds, drain latency.
+    pub fn calibrated(mut self, calibration: &Calibration) -> Self {
+        self.costs = calibration.costs;
+        self.tails.clone_from(&calibration.tails);
+        self.drain_latency.clone_from(&calibration.drain_latency);
+        self
+    }
 }
 
 impl Default for FreeRunOptions {
     fn default() -> Self {
         Self {
             purge_latency_ns: 1_000_000,
+            drain_latency: None,
+            tails: BTreeMap::new(),
+            seed: 1,
             highpri_latency_ns: 50_000,
             window_ns: Self::DEFAULT_WINDOW_NS,
             costs: Costs::default(),
@@ -123,6 +146,33 @@ pub struct WhatIf {
     pub late_starts: u64,
     /// Operations the simulation could not finish (inconsistent steps); always 0 unless a bug.
     pub unfinished_ops: u64,
+    /// Where the drain latency came from: `measured` (sampled per purge from a calibration)
+    /// or `fixed` (`--purge-latency`, or the high-priority queue's for `nodes-capped`).
+    pub drain_latency_source: &'static str,
+    /// Mean of the drain latencies the purges used.
+    pub drain_latency_mean_ns: f64,
+    /// Allocations the model served from a node pool, and their share.
+    pub pool_hits: u64,
+    pub pool_hit_share: f64,
+    /// Time-averaged backlog that the model held, sampled at the trace's frees.
+    pub nr_lazy_mean: f64,
+    /// What the trace itself showed of the same figures (`observed` has the lock waits).
+    pub trace: TraceFigures,
+    /// Each prediction beside what the trace shows, for variant `nodes` on the recording's own
+    /// kernel parameters (no what-if override); see [`super::validate`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<super::validate::Validation>,
+}
+
+/// What the trace showed of the figures free-running replay predicts.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct TraceFigures {
+    pub purges: u64,
+    pub npurged_mean: f64,
+    /// Bytes from VMALLOC_START to the highest end the trace's allocations reached.
+    pub high_water_bytes: u64,
+    /// Time-averaged `nr_lazy` that the frees reported, each held until the next free.
+    pub nr_lazy_mean: f64,
 }
 
 /// Replays `input` free-running with `opts.variant`.
@@ -157,10 +207,28 @@ pub fn free_run<R: BufRead>(
     let mut des =
         Des::new(fr.window_ns, latency, expected_cpus).with_max_pending(fr.max_pending_ops);
     let locks = LockIds::new(&mut des, &prev);
+    let pool_hits_at_start = seeder.model.stats().pool_hits;
+    let mut tails = [HoldTail::default(); 7];
+    for (i, class) in LockClass::ALL.into_iter().enumerate() {
+        if let Some(t) = fr.tails.get(&class) {
+            tails[i] = *t;
+        }
+    }
     let mut run = Run {
         prev,
         model: seeder.model,
         costs: fr.costs,
+        tails,
+        // The measured distribution is the default workqueue's; `nodes-capped` queues on the
+        // high-priority one.
+        drain: fr
+            .drain_latency
+            .clone()
+            .filter(|_| opts.variant != Variant::NodesCapped),
+        rng: SplitMix64::new(fr.seed),
+        view: TraceView::default(),
+        pool_hits_at_start,
+        drain_latencies: Vec::new(),
         des,
         locks,
         latency,
@@ -190,6 +258,7 @@ pub fn free_run<R: BufRead>(
             Record::Alloc(a) => {
                 run.due(a.ctx.ts_ns);
                 if a.failed == 0 && a.vstart.0 >= vstart && a.vend.0 <= vend {
+                    run.view.observe_alloc(a.addr.0 + a.size - vstart);
                     run.alloc(&a)?;
                 }
                 run.des.advance(a.ctx.ts_ns);
@@ -197,8 +266,11 @@ pub fn free_run<R: BufRead>(
             Record::Free(f) => {
                 run.due(f.ctx.ts_ns);
                 run.free(&f)?;
+                let predicted = run.model.lazy_pages();
+                run.view.observe_free(f.ctx.ts_ns, f.nr_lazy, predicted);
                 run.des.advance(f.ctx.ts_ns);
             }
+            Record::Purge(p) => run.view.observe_purge(p.npurged),
             Record::Contention(c) => run.observed.contention(c.class, c.wait_ns),
             Record::Latency(l) => run.observed.latency(l.latency_ns),
             _ => {}
@@ -274,7 +346,14 @@ pub fn fit_costs<R: BufRead, E: From<ReplayError>>(
     let mut unobserved = Vec::new();
     let mut converged = false;
     for round in 0..=max_rounds {
-        let w = free_run(open()?, &opts, &FreeRunOptions { costs, ..*fr })?;
+        let w = free_run(
+            open()?,
+            &opts,
+            &FreeRunOptions {
+                costs,
+                ..fr.clone()
+            },
+        )?;
         let mut classes = Vec::new();
         let mut within = true;
         let mut next = costs;
@@ -386,6 +465,13 @@ impl LockIds {
 struct Run {
     model: Model,
     costs: Costs,
+    /// Long holds per class, in [`LockClass::ALL`] order.
+    tails: [HoldTail; 7],
+    drain: Option<DrainLatency>,
+    rng: SplitMix64,
+    view: TraceView,
+    pool_hits_at_start: u64,
+    drain_latencies: Vec<u64>,
     des: Des,
     locks: LockIds,
     /// Lock counts after the last operation, to find the sections the next one entered.
@@ -411,6 +497,74 @@ struct Run {
     observed: ObservedAcc,
     strict: bool,
     line: usize,
+}
+
+fn mean(v: &[u64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64
+    }
+}
+
+/// Position of `class` in [`LockClass::ALL`].
+fn class_index(class: LockClass) -> usize {
+    LockClass::ALL
+        .iter()
+        .position(|&c| c == class)
+        .unwrap_or(LockClass::ALL.len() - 1)
+}
+
+/// A uniform draw in [0, 1) from the top 53 bits.
+fn unit(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What the trace itself shows of the figures free-running replay predicts, gathered on the
+/// same pass, and the predicted backlog sampled at the same points.
+#[derive(Clone, Debug, Default)]
+struct TraceView {
+    purges: u64,
+    npurged: u64,
+    high_water: u64,
+    /// Backlog that frees reported (observed) and the model held after the same free
+    /// (predicted), each held until the next free: time integrals and their span.
+    last_free: Option<(u64, u64, u64)>,
+    observed_lazy_area: f64,
+    predicted_lazy_area: f64,
+    lazy_span_ns: u64,
+}
+
+impl TraceView {
+    fn observe_alloc(&mut self, end: u64) {
+        self.high_water = self.high_water.max(end);
+    }
+
+    fn observe_purge(&mut self, npurged: u32) {
+        self.purges += 1;
+        self.npurged += u64::from(npurged);
+    }
+
+    fn observe_free(&mut self, ts: u64, observed: u64, predicted: u64) {
+        if let Some((t0, o, p)) = self.last_free {
+            let dt = ts.saturating_sub(t0);
+            self.observed_lazy_area += o as f64 * dt as f64;
+            self.predicted_lazy_area += p as f64 * dt as f64;
+            self.lazy_span_ns += dt;
+        }
+        self.last_free = Some((ts, observed, predicted));
+    }
+
+    fn lazy_means(&self) -> (f64, f64) {
+        match (self.lazy_span_ns, self.last_free) {
+            (0, Some((_, o, p))) => (o as f64, p as f64),
+            (0, None) => (0.0, 0.0),
+            (span, _) => (
+                self.observed_lazy_area / span as f64,
+                self.predicted_lazy_area / span as f64,
+            ),
+        }
+    }
 }
 
 /// Sections of one class entered since the last look: `(instance, count)`.
@@ -445,11 +599,18 @@ impl Run {
         let c = self.costs;
         let after = self.model.locks();
         let mut held = 0;
+        let tail = self.tails[class_index(class)];
+        let rng = &mut self.rng;
         let mut push = |steps: &mut Vec<Step>, lock: LockRef, n: u64, ns: u64| {
             for _ in 0..n {
+                let ns = if tail.tail_share > 0.0 && unit(rng) < tail.tail_share {
+                    tail.tail_ns
+                } else {
+                    ns
+                };
                 steps.push(Step::Section { lock, ns });
+                held += ns;
             }
-            held += n * ns;
         };
         match class {
             LockClass::FreeAreaLock => {
@@ -538,6 +699,7 @@ impl Run {
                 kind: OpKind::Alloc,
                 steps,
                 triggers_drain: false,
+                drain_latency_ns: None,
                 helpers,
             },
         );
@@ -588,8 +750,15 @@ impl Run {
         steps.push(Step::Work(rest - rest / 2));
         self.sync_prev();
         let trigger = got.drain && self.purge_at.is_none();
+        let mut drain_latency = None;
         if trigger {
-            self.purge_at = Some(f.ctx.ts_ns.saturating_add(self.latency));
+            let latency = match &self.drain {
+                Some(d) => d.sample(unit(&mut self.rng)),
+                None => self.latency,
+            };
+            self.drain_latencies.push(latency);
+            self.purge_at = Some(f.ctx.ts_ns.saturating_add(latency));
+            drain_latency = Some(latency);
         }
         self.des.push_op(
             f.ctx.cpu,
@@ -598,6 +767,7 @@ impl Run {
                 kind: OpKind::Free,
                 steps,
                 triggers_drain: trigger,
+                drain_latency_ns: drain_latency,
                 helpers: Vec::new(),
             },
         );
@@ -639,6 +809,7 @@ impl Run {
             kind: OpKind::Purge,
             steps,
             triggers_drain: false,
+            drain_latency_ns: None,
             helpers,
         });
     }
@@ -792,6 +963,8 @@ impl Run {
             0.0
         };
         let step = (self.samples.len() / 500).max(1);
+        let pool_hits = self.model.stats().pool_hits - self.pool_hits_at_start;
+        let (observed_lazy, predicted_lazy) = self.view.lazy_means();
         WhatIf {
             variant: opts.variant,
             nodes: p.layout.nr_nodes(),
@@ -813,7 +986,7 @@ impl Run {
             lock_waits: sim.classes,
             work_ns: sim.work_ns,
             wait_ns: sim.wait_ns,
-            lock_wait_share: super::des::share(sim.wait_ns, sim.work_ns),
+            lock_wait_share: crate::sim::des::share(sim.wait_ns, sim.work_ns),
             throughput_ops_per_s: throughput,
             makespan_ns: sim.makespan_ns,
             series: self.samples.into_iter().step_by(step).collect(),
@@ -830,6 +1003,30 @@ impl Run {
             peak_pending_ops: sim.peak_pending_ops,
             late_starts: sim.late_starts,
             unfinished_ops: sim.unfinished_ops,
+            drain_latency_source: if self.drain.is_some() {
+                "measured"
+            } else {
+                "fixed"
+            },
+            drain_latency_mean_ns: mean(&self.drain_latencies),
+            pool_hits,
+            pool_hit_share: if self.allocs == 0 {
+                0.0
+            } else {
+                pool_hits as f64 / self.allocs as f64
+            },
+            nr_lazy_mean: predicted_lazy,
+            trace: TraceFigures {
+                purges: self.view.purges,
+                npurged_mean: if self.view.purges == 0 {
+                    0.0
+                } else {
+                    self.view.npurged as f64 / self.view.purges as f64
+                },
+                high_water_bytes: self.view.high_water,
+                nr_lazy_mean: observed_lazy,
+            },
+            validation: Vec::new(),
         }
     }
 }

@@ -20,13 +20,12 @@
 
 pub mod charts;
 pub mod cli;
-pub mod des;
 mod detach;
 pub mod free_run;
 pub mod lookahead;
 mod purge;
 mod report;
-pub mod timing;
+pub mod validate;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::BufRead;

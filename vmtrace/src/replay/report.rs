@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use super::free_run::CostFit;
-use super::timing::Costs;
 use super::{Agreement, Report, WhatIf};
+use crate::sim::timing::Costs;
 
 fn agreement(a: &Agreement) -> String {
     format!("{:>7.3} %  ({} of {})", a.percent(), a.agreed, a.compared)

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Args;
 
+use super::workload::{Shape, Test};
 use super::{generate, SynthParams};
+use crate::model::lazy_max_pages;
 
 /// Options of `vmtrace synth`.
 #[derive(Debug, Args)]
@@ -55,6 +57,16 @@ pub struct SynthArgs {
     #[arg(long, value_parser = crate::cli::parse_duration, default_value = "1ms")]
     pub purge_latency: std::time::Duration,
 
+    /// The per-CPU timing's costs from a `vmtrace calibrate` file (`builtin`: the one shipped
+    /// for the reference machine; `none`, the default: the documented round figures, so that
+    /// a seed keeps giving the same trace).
+    #[arg(
+        long = "costs",
+        value_name = "FILE|builtin|none",
+        default_value = "none"
+    )]
+    pub calibration: String,
+
     /// Output trace file (JSON Lines); `-` writes to stdout.
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
@@ -83,6 +95,13 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<ExitCode> {
         purge_latency_ns: u64::try_from(args.purge_latency.as_nanos()).unwrap_or(u64::MAX),
         ..SynthParams::default()
     };
+    let p = match crate::replay::cli::load_calibration(&args.calibration)? {
+        Some(c) => SynthParams {
+            costs: c.costs,
+            ..p
+        },
+        None => p,
+    };
     let argv: Vec<String> = std::env::args().collect();
     let out: Box<dyn Write> = if args.output.as_os_str() == "-" {
         Box::new(std::io::stdout().lock())
@@ -96,6 +115,9 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<ExitCode> {
     if s.tests.is_empty() {
         eprintln!("vmtrace synth: mask {:#x} enables no test that goes through alloc_vmap_area; the trace has no events", args.mask);
     }
+    if let Some(note) = setup_note(&p) {
+        eprintln!("{note}");
+    }
     eprintln!(
         "vmtrace synth: {} lines, {} alloc ({} failed attempts), {} free, {} purge over {:.3} ms; tests: {}",
         s.lines,
@@ -107,4 +129,77 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<ExitCode> {
         s.tests.join(", ")
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The module's `test_loop_count`.
+const MODULE_LOOPS: u64 = 1_000_000;
+
+/// A warning when the setup bursts of full_fit and long_busy_list (which no vmap-node pool can
+/// serve) are most of the trace's allocations: `--loops` scales the loops down from the
+/// module's 1,000,000 but `--junk` and `--busy-list` default to the module's full sizes, so a
+/// what-if comparison of such a trace says little about the module's own mix.
+fn setup_note(p: &SynthParams) -> Option<String> {
+    let full_junk = lazy_max_pages(p.cpus, 4096);
+    let shape = |loops: u64, junk: u64, busy_list: u64| Shape {
+        loops,
+        nr_pages: p.nr_pages,
+        junk,
+        busy_list,
+        page_size: 4096,
+    };
+    let share = |s: &Shape| {
+        let (setup, looped) = Test::from_mask(p.mask)
+            .iter()
+            .map(|t| t.allocs_per_thread(s))
+            .fold((0u64, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+        setup as f64 / (setup + looped).max(1) as f64
+    };
+    let here = share(&shape(p.loops, p.junk.unwrap_or(full_junk), p.busy_list));
+    if here <= 0.5 || p.loops >= MODULE_LOOPS {
+        return None;
+    }
+    let module = share(&shape(MODULE_LOOPS, full_junk, 15000));
+    let scaled = |n: u64| (n * p.loops).div_ceil(MODULE_LOOPS).max(1);
+    let tests = Test::from_mask(p.mask);
+    let mut flags = Vec::new();
+    if tests.contains(&Test::FullFit) {
+        flags.push(format!("--junk {}", scaled(full_junk)));
+    }
+    if tests.contains(&Test::LongBusyList) {
+        flags.push(format!("--busy-list {}", scaled(15000)));
+    }
+    Some(format!(
+        "vmtrace synth: note: {:.0} % of the allocations are setup bursts (full_fit's arrays and junk pairs, long_busy_list's live list), which the vmap-node pools can serve only from what earlier purges left in them; with the module's {MODULE_LOOPS} loops they would be {:.1} %. To keep the module's mix at --loops {}, add {} (or raise --loops)",
+        100.0 * here,
+        100.0 * module,
+        p.loops,
+        flags.join(" "),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setup_note_flags_the_default_mask_7_mix() {
+        let p = SynthParams {
+            mask: 7,
+            threads: 64,
+            cpus: 64,
+            loops: 1000,
+            ..SynthParams::default()
+        };
+        let note = setup_note(&p).expect("97 % setup must be flagged");
+        assert!(note.contains("97 %"), "{note}");
+        assert!(note.contains("--junk 58 --busy-list 15"), "{note}");
+        // Scaled as suggested, or fix_size alone: no note.
+        let scaled = SynthParams {
+            junk: Some(58),
+            busy_list: 15,
+            ..p.clone()
+        };
+        assert!(setup_note(&scaled).is_none());
+        assert!(setup_note(&SynthParams { mask: 1, ..p }).is_none());
+    }
 }

@@ -5,7 +5,7 @@
 //! observed-timing replay agrees with it, and what-if replays start from a plausible history.
 //! Time comes from a simple per-CPU timing model (docs/synth.md): threads are dealt to CPUs
 //! round-robin, each CPU runs its threads in turn one operation at a time, and each operation
-//! advances its CPU's clock by its uncontended cost ([`crate::replay::timing::Costs`]). The
+//! advances its CPU's clock by its uncontended cost ([`crate::sim::timing::Costs`]). The
 //! trace therefore has no contention in it; the contention model predicts it on replay.
 
 pub mod cli;
@@ -17,7 +17,7 @@ use std::io::Write;
 
 use crate::host::system::SystemFacts;
 use crate::model::{lazy_max_pages, AllocRequest, Model, ModelError, NodeLayout, Params, Variant};
-use crate::replay::timing::Costs;
+use crate::sim::timing::Costs;
 use crate::trace::{
     Alloc, Ctx, EventCounts, Footer, Free, Header, KAddr, Purge, Record, StopReason, Synthetic,
     Tool, TraceWriter, VmallocSnapshot, VmapFacts, FORMAT, VERSION,
@@ -283,8 +283,7 @@ impl<'p> Generator<'p> {
         let mut workers = Vec::with_capacity(p.threads as usize);
         let mut runq = vec![VecDeque::new(); p.cpus as usize];
         for id in 0..p.threads {
-            let mut order = tests.to_vec();
-            workload::shuffle(&mut order, &mut rng);
+            let order = workload::worker_order(tests, &mut rng);
             let cpu = id % p.cpus;
             runq[cpu as usize].push_back(workers.len());
             workers.push(Worker {

@@ -377,6 +377,35 @@ pub fn shuffle(tests: &mut [Test], rng: &mut Rng) {
     }
 }
 
+/// One worker's test order, as `test_func` builds it: the shuffle runs over **every** index of
+/// `test_case_array` (`shuffle_array(random_array, ARRAY_SIZE(test_case_array))`) and the tests
+/// the mask disables are skipped afterwards. Shuffling only the enabled tests would be a
+/// Sattolo cycle of those alone: with three tests only two of the six orders could occur.
+pub fn worker_order(enabled: &[Test], rng: &mut Rng) -> Vec<Test> {
+    let mut all = Test::ALL.to_vec();
+    shuffle(&mut all, rng);
+    all.retain(|t| enabled.contains(t));
+    all
+}
+
+impl Test {
+    /// Allocations one worker makes in this test: `(setup, looped)`. Setup allocations come in
+    /// bursts with no free in between (full_fit's two arrays and `2 * junk` areas,
+    /// long_busy_list's array and `busy_list` areas), so no vmap-node pool can serve more of
+    /// them than it holds when the burst starts (`node_alloc` only takes a pool's head, and
+    /// only a purge refills a pool). The looped ones scale with `loops`.
+    pub fn allocs_per_thread(self, s: &Shape) -> (u64, u64) {
+        match self {
+            Test::FullFit => (2 + 2 * s.junk, s.loops),
+            Test::LongBusyList => (1 + s.busy_list, 2 * s.loops),
+            Test::Vrealloc => (0, 2 * s.loops),
+            Test::AlignShift => (0, 64),
+            Test::PcpuAlloc => (0, 0),
+            _ => (0, s.loops),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +483,58 @@ mod tests {
             pages: 1,
             align: 1 << 63
         }));
+    }
+
+    #[test]
+    fn worker_order_shuffles_every_test_then_applies_the_mask() {
+        // test_func shuffles all of test_case_array and skips disabled tests afterwards, so
+        // with mask 7 every relative order of the three tests occurs (each about 1/6 of the
+        // workers), fix_size included as the first one.
+        let enabled = Test::from_mask(7);
+        let mut rng = Rng::new(0);
+        let mut seen = std::collections::HashMap::new();
+        for _ in 0..3000 {
+            let o = worker_order(&enabled, &mut rng);
+            let mut sorted = o.clone();
+            sorted.sort_by_key(|t| Test::ALL.iter().position(|a| a == t));
+            assert_eq!(sorted, enabled, "every enabled test once");
+            let names: Vec<&str> = o.iter().map(|t| t.name()).collect();
+            *seen.entry(names).or_insert(0u32) += 1;
+        }
+        assert_eq!(seen.len(), 6, "{seen:?}");
+        assert!(seen.values().all(|&n| n > 300), "{seen:?}");
+    }
+
+    #[test]
+    fn setup_allocations_match_the_scripts() {
+        let s = shape();
+        for t in [
+            Test::FixSize,
+            Test::FullFit,
+            Test::LongBusyList,
+            Test::Vrealloc,
+        ] {
+            let n = ops(t, &s)
+                .iter()
+                .filter(|o| matches!(o, Op::Alloc { .. }))
+                .count() as u64;
+            let (setup, looped) = t.allocs_per_thread(&s);
+            assert_eq!(setup + looped, n, "{t:?}");
+        }
+        // vmtrace synth --mask 7 --cpus 64 with the default --loops 1000 and the module's
+        // junk (lazy_max_pages) and busy list: the setup bursts are 97 % of all allocations.
+        let big = Shape {
+            loops: 1000,
+            nr_pages: 1,
+            junk: 57344,
+            busy_list: 15000,
+            page_size: 4096,
+        };
+        let (setup, looped) = Test::from_mask(7)
+            .iter()
+            .map(|t| t.allocs_per_thread(&big))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        assert_eq!((setup, looped), (129_691, 4000));
     }
 
     #[test]

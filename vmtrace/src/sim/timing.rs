@@ -26,7 +26,7 @@ pub enum CostError {
 /// Documented default costs, in nanoseconds. They are round figures of the order measured for
 /// small vmalloc calls on a current x86_64 server, not fitted to any machine: predictions built
 /// on them are comparisons between variants, not absolute forecasts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Costs {
     /// `vmalloc` of N pages, uncontended: fixed part (vm_struct, `alloc_vmap_area`).
     pub alloc_base_ns: u64,

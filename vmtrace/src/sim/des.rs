@@ -72,6 +72,10 @@ pub struct Op {
     pub kind: OpKind,
     pub steps: Vec<Step>,
     pub triggers_drain: bool,
+    /// How long after this operation's end the drain work it queues starts; `None`: the
+    /// simulator's worker latency. Free-running replay samples it per purge from a measured
+    /// distribution.
+    pub drain_latency_ns: Option<u64>,
     pub helpers: Vec<Op>,
 }
 
@@ -82,6 +86,7 @@ impl Op {
             kind,
             steps,
             triggers_drain: false,
+            drain_latency_ns: None,
             helpers: Vec::new(),
         }
     }
@@ -831,8 +836,8 @@ impl Des {
             }
         }
         if run.op.triggers_drain {
-            self.worker_starts
-                .push_back(t.saturating_add(self.worker_latency));
+            let latency = run.op.drain_latency_ns.unwrap_or(self.worker_latency);
+            self.worker_starts.push_back(t.saturating_add(latency));
             let w = self.worker;
             if self.actors[w].running.is_none() && !self.actors[w].scheduled {
                 let at = self.worker_starts[0].max(t);
@@ -925,13 +930,14 @@ impl Des {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::timing::HistBucket;
+    use crate::sim::timing::HistBucket;
 
     fn op(kind: OpKind, steps: Vec<Step>) -> Op {
         Op {
             kind,
             steps,
             triggers_drain: false,
+            drain_latency_ns: None,
             helpers: Vec::new(),
         }
     }
@@ -1064,6 +1070,7 @@ mod tests {
                 kind: OpKind::Free,
                 steps: vec![Step::Work(10)],
                 triggers_drain: true,
+                drain_latency_ns: None,
                 helpers: Vec::new(),
             },
         );
@@ -1139,6 +1146,7 @@ mod tests {
                 Step::Release(m),
             ],
             triggers_drain: false,
+            drain_latency_ns: None,
             helpers: vec![helper(300), helper(200)],
         });
         let r = des.finish();
@@ -1193,6 +1201,7 @@ mod tests {
                     },
                     steps,
                     triggers_drain: i % 500 == 0,
+                    drain_latency_ns: None,
                     helpers: Vec::new(),
                 },
             );

@@ -1,0 +1,220 @@
+//! Free-running predictions beside what the trace shows.
+//!
+//! Free-running replay of variant `nodes`, on the recording's own node count and threshold, is
+//! a prediction of the kernel that made the recording: it uses no observed purge and no
+//! observed address. So each of its figures can be put beside the trace's own, and a what-if
+//! built on it inherits exactly that much trust. The targets are issue 18's: purges and mean
+//! `npurged` within ±10 %, pool-hit share within 3 points, footprint within ±5 %, each lock
+//! class's total wait within a factor of 1.5.
+
+use serde::Serialize;
+
+use super::free_run::WhatIf;
+use super::Report;
+use crate::trace::LockClass;
+
+/// How close a prediction must come.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
+pub enum Target {
+    /// |predicted / observed − 1| at most this.
+    Relative(f64),
+    /// |predicted − observed| at most this many percentage points (shares in [0, 1]).
+    Points(f64),
+    /// predicted / observed within [1 / f, f].
+    Factor(f64),
+}
+
+impl Target {
+    pub fn holds(self, observed: f64, predicted: f64) -> bool {
+        if observed == 0.0 {
+            return match self {
+                Target::Points(p) => 100.0 * predicted.abs() <= p,
+                _ => predicted == 0.0,
+            };
+        }
+        match self {
+            Target::Relative(t) => (predicted / observed - 1.0).abs() <= t,
+            Target::Points(p) => 100.0 * (predicted - observed).abs() <= p,
+            Target::Factor(f) => {
+                let r = predicted / observed;
+                r >= 1.0 / f && r <= f
+            }
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Target::Relative(t) => format!("±{:.0} %", 100.0 * t),
+            Target::Points(p) => format!("±{p:.0} pt"),
+            Target::Factor(f) => format!("×{f}"),
+        }
+    }
+}
+
+/// One prediction beside the trace's figure.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Validation {
+    pub metric: String,
+    pub observed: f64,
+    pub predicted: f64,
+    /// predicted / observed; `None` when nothing was observed.
+    pub ratio: Option<f64>,
+    pub target: Target,
+    pub within: bool,
+}
+
+fn entry(metric: String, observed: f64, predicted: f64, target: Target) -> Validation {
+    Validation {
+        ratio: (observed != 0.0).then(|| predicted / observed),
+        within: target.holds(observed, predicted),
+        metric,
+        observed,
+        predicted,
+        target,
+    }
+}
+
+/// Each figure of `w` beside the trace's. `fidelity` is the observed-timing replay of the same
+/// trace with the same variant: the pool-hit share and page-table slots as it attributes them
+/// (the trace itself does not say which allocations a pool served).
+pub fn validate(w: &WhatIf, fidelity: Option<&Report>) -> Vec<Validation> {
+    let mut v = vec![
+        entry(
+            "purges".into(),
+            w.trace.purges as f64,
+            w.purges as f64,
+            Target::Relative(0.10),
+        ),
+        entry(
+            "npurged_mean".into(),
+            w.trace.npurged_mean,
+            if w.purges == 0 {
+                0.0
+            } else {
+                w.purged_objects as f64 / w.purges as f64
+            },
+            Target::Relative(0.10),
+        ),
+    ];
+    if let Some(r) = fidelity {
+        let share = if r.model.allocs == 0 {
+            0.0
+        } else {
+            r.model.pool_hits as f64 / r.model.allocs as f64
+        };
+        v.push(entry(
+            "pool_hit_share".into(),
+            share,
+            w.pool_hit_share,
+            Target::Points(3.0),
+        ));
+    }
+    v.push(entry(
+        "high_water_bytes".into(),
+        w.trace.high_water_bytes as f64,
+        w.high_water_bytes as f64,
+        Target::Relative(0.05),
+    ));
+    if let Some(r) = fidelity {
+        v.push(entry(
+            "pte_tables".into(),
+            r.observed_slots.pte_tables as f64,
+            w.slots.pte_tables as f64,
+            Target::Relative(0.05),
+        ));
+    }
+    v.push(entry(
+        "nr_lazy_mean".into(),
+        w.trace.nr_lazy_mean,
+        w.nr_lazy_mean,
+        Target::Relative(0.10),
+    ));
+    for o in &w.observed.contention {
+        if o.class == LockClass::Other {
+            continue;
+        }
+        let (waits, wait_ns) = w
+            .lock_waits
+            .iter()
+            .find(|c| c.class == o.class)
+            .map_or((0, 0), |c| (c.waits, c.wait_ns));
+        let name = o.class.name();
+        v.push(entry(
+            format!("waits:{name}"),
+            o.count as f64,
+            waits as f64,
+            Target::Factor(1.5),
+        ));
+        v.push(entry(
+            format!("wait_ns:{name}"),
+            o.wait_ns as f64,
+            wait_ns as f64,
+            Target::Factor(1.5),
+        ));
+    }
+    v
+}
+
+/// The validation of one variant as a text table.
+pub fn render(w: &WhatIf) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Validation: free-running {} against the trace (no observed purge or address used; drain latency {})",
+        w.variant.name(),
+        w.drain_latency_source
+    );
+    let _ = writeln!(
+        s,
+        "  {:<26} {:>14} {:>14} {:>8} {:>8}  ",
+        "metric", "observed", "predicted", "ratio", "target"
+    );
+    for e in &w.validation {
+        let ratio = e
+            .ratio
+            .map_or_else(|| "-".to_string(), |r| format!("{r:.2}"));
+        let _ = writeln!(
+            s,
+            "  {:<26} {:>14} {:>14} {:>8} {:>8}  {}",
+            e.metric,
+            number(e.observed),
+            number(e.predicted),
+            ratio,
+            e.target.label(),
+            if e.within { "ok" } else { "MISS" }
+        );
+    }
+    let held = w.validation.iter().filter(|e| e.within).count();
+    let _ = writeln!(s, "  {held} of {} within target", w.validation.len());
+    s
+}
+
+fn number(x: f64) -> String {
+    if x.fract() == 0.0 || x.abs() >= 1000.0 {
+        format!("{x:.0}")
+    } else if x.abs() < 1.0 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_hold_only_inside_their_bounds() {
+        assert!(Target::Relative(0.1).holds(100.0, 109.0));
+        assert!(!Target::Relative(0.1).holds(100.0, 111.0));
+        assert!(Target::Points(3.0).holds(0.50, 0.52));
+        assert!(!Target::Points(3.0).holds(0.50, 0.54));
+        assert!(Target::Factor(1.5).holds(100.0, 66.7));
+        assert!(!Target::Factor(1.5).holds(100.0, 66.0));
+        assert!(!Target::Factor(1.5).holds(100.0, 151.0));
+        assert!(Target::Factor(1.5).holds(0.0, 0.0));
+        assert!(!Target::Factor(1.5).holds(0.0, 1.0));
+    }
+}
