@@ -235,16 +235,36 @@ fn cli_costs_and_fitting() {
         );
         serde_json::from_slice(&out.stdout).expect("json")
     };
-    let base = json(&run(&["--free-running", "--json"]));
+    let base = json(&run(&["--free-running", "--json", "--costs", "none"]));
     let slow = json(&run(&[
         "--free-running",
         "--json",
+        "--costs",
+        "none",
         "--cost",
         "free_area_lock_ns=2000",
     ]));
     let fa = |v: &serde_json::Value| v["what_if"][0]["costs"]["free_area_lock_ns"].as_u64();
     assert_eq!(fa(&base), Some(250));
     assert_eq!(fa(&slow), Some(2000));
+    // Without --costs, the calibration shipped with the project.
+    let builtin: serde_json::Value =
+        serde_json::from_str(include_str!("../assets/calibration.json"))
+            .expect("the bundled calibration");
+    let default = json(&run(&["--free-running", "--json"]));
+    assert_eq!(default["what_if"][0]["costs"], builtin["costs"]);
+    assert_eq!(default["what_if"][0]["drain_latency_source"], "measured");
+    // A calibration file that is not one says where.
+    let broken = dir.path().join("broken.json");
+    std::fs::write(
+        &broken,
+        "{\n  \"format\": \"vmtrace-calibration\",\n  \"version\": x\n}\n",
+    )
+    .expect("write");
+    let out = run(&["--free-running", "--costs", broken.to_str().expect("utf-8")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 3"), "{err}");
     let wait = |v: &serde_json::Value| v["what_if"][0]["wait_ns"].as_u64().expect("wait_ns");
     assert!(
         wait(&slow) > wait(&base),
@@ -278,4 +298,76 @@ fn cli_costs_and_fitting() {
         text.contains("not fitted (no contention observed): node_lazy_lock"),
         "{text}"
     );
+}
+
+/// Free-running `nodes` on the trace's own parameters puts every prediction beside the trace's
+/// figure; a what-if override (here `--lazy-max`) predicts another kernel, so it carries none.
+#[test]
+fn free_running_nodes_is_validated_against_the_trace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.jsonl");
+    std::fs::write(&path, observed_trace()).expect("write");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+            .arg("replay")
+            .arg(&path)
+            .args(args)
+            .output()
+            .expect("run vmtrace");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let out = run(&[
+        "--free-running",
+        "--json",
+        "--variant",
+        "nodes",
+        "--variant",
+        "global",
+    ]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let nodes = &doc["what_if"][0];
+    assert_eq!(nodes["variant"], "nodes");
+    let metrics: Vec<&str> = nodes["validation"]
+        .as_array()
+        .expect("validation")
+        .iter()
+        .map(|e| e["metric"].as_str().expect("metric"))
+        .collect();
+    for m in [
+        "purges",
+        "npurged_mean",
+        "pool_hit_share",
+        "high_water_bytes",
+        "pte_tables",
+        "nr_lazy_mean",
+        "waits:free_area_lock",
+        "wait_ns:free_area_lock",
+    ] {
+        assert!(metrics.contains(&m), "{m} missing from {metrics:?}");
+    }
+    let purges = nodes["validation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["metric"] == "purges")
+        .unwrap();
+    assert_eq!(
+        purges["observed"].as_f64(),
+        nodes["trace"]["purges"].as_f64()
+    );
+    assert_eq!(purges["predicted"].as_f64(), nodes["purges"].as_f64());
+    assert!(
+        doc["what_if"][1].get("validation").is_none(),
+        "global is another design: nothing to validate"
+    );
+    let text = String::from_utf8_lossy(&run(&["--free-running"]).stdout).to_string();
+    assert!(text.contains("Validation: free-running nodes"), "{text}");
+    let other = run(&["--free-running", "--json", "--lazy-max", "64"]);
+    let doc: serde_json::Value = serde_json::from_slice(&other.stdout).expect("json");
+    assert!(doc["what_if"][0].get("validation").is_none());
 }
