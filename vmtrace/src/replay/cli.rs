@@ -228,15 +228,8 @@ pub fn calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
             path.display()
         );
         let opts = ReplayOptions {
-            variant: Variant::Nodes,
-            strict: false,
-            nodes: None,
-            zone_pages: None,
-            lazy_max_pages: None,
             max_divergences: 0,
-            detach_delay_ns: 15_000,
-            detach_step_ns: 20_000,
-            fit_detach_step: true,
+            ..ReplayOptions::default()
         };
         let report =
             replay(open(path)?, &opts).with_context(|| format!("replaying {}", path.display()))?;

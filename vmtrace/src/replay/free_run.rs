@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::{ReplayError, ReplayOptions, Replayer};
 use crate::model::{AllocRequest, LockCounts, Model, SlotCounts, Variant};
 use crate::sim::calibration::{Calibration, DrainLatency, HoldTail};
-use crate::sim::des::{Des, LockRef, Op, OpKind, Step, WaitSample};
+use crate::sim::des::{class_index, Des, LockRef, Op, OpKind, Step, WaitSample};
 use crate::sim::timing::{ClassWait, Costs, Observed, ObservedAcc};
 use crate::trace::{LockClass, Record};
 use crate::workload::rng::SplitMix64;
@@ -507,19 +507,6 @@ fn mean(v: &[u64]) -> f64 {
     }
 }
 
-/// Position of `class` in [`LockClass::ALL`].
-fn class_index(class: LockClass) -> usize {
-    LockClass::ALL
-        .iter()
-        .position(|&c| c == class)
-        .unwrap_or(LockClass::ALL.len() - 1)
-}
-
-/// A uniform draw in [0, 1) from the top 53 bits.
-fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// What the trace itself shows of the figures free-running replay predicts, gathered on the
 /// same pass, and the predicted backlog sampled at the same points.
 #[derive(Clone, Debug, Default)]
@@ -603,7 +590,7 @@ impl Run {
         let rng = &mut self.rng;
         let mut push = |steps: &mut Vec<Step>, lock: LockRef, n: u64, ns: u64| {
             for _ in 0..n {
-                let ns = if tail.tail_share > 0.0 && unit(rng) < tail.tail_share {
+                let ns = if tail.tail_share > 0.0 && rng.unit() < tail.tail_share {
                     tail.tail_ns
                 } else {
                     ns
@@ -753,7 +740,7 @@ impl Run {
         let mut drain_latency = None;
         if trigger {
             let latency = match &self.drain {
-                Some(d) => d.sample(unit(&mut self.rng)),
+                Some(d) => d.sample(self.rng.unit()),
                 None => self.latency,
             };
             self.drain_latencies.push(latency);

@@ -30,11 +30,8 @@ use serde::{Deserialize, Serialize};
 
 use super::timing::Costs;
 use crate::model::LockCounts;
+use crate::replay::lookahead::DRAIN_FUNCTION;
 use crate::trace::{LockClass, Record};
-
-/// Drain work items run this function; a purge's own `work` records (`purge_vmap_node`) do not
-/// start a drain.
-const DRAIN_FUNCTION: &str = "drain_vmap_area_work";
 
 /// Frees kept to find a drain's drop: longer than a drain item runs.
 const RECENT_FREES_NS: u64 = 50_000_000;
@@ -191,11 +188,6 @@ impl Scan {
         let whole = self.frees as f64 / self.duration_ns().max(1) as f64;
         (self.drain_run_ns > 0 && whole > 0.0)
             .then(|| self.frees_in_drains as f64 / self.drain_run_ns as f64 / whole)
-    }
-
-    /// Drops found, as delays from the drain item's start.
-    pub fn rearm_delays(&self) -> &[u64] {
-        &self.rearm_delays
     }
 
     /// First to last allocation or free.

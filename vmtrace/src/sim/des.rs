@@ -375,7 +375,8 @@ pub struct Des {
     first_start: Option<u64>,
 }
 
-fn class_index(c: LockClass) -> usize {
+/// Position of `c` in [`LockClass::ALL`] (`Other` for anything else).
+pub fn class_index(c: LockClass) -> usize {
     LockClass::ALL.iter().position(|&k| k == c).unwrap_or(6)
 }
 

@@ -37,6 +37,11 @@ impl SplitMix64 {
         mix64(self.state)
     }
 
+    /// A uniform draw in [0, 1), from the top 53 bits (every double that step apart).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// A uniform integer in `0..n` (Lemire's multiply-and-reject method, no modulo bias).
     /// Returns 0 when `n` is 0.
     pub fn below(&mut self, n: u64) -> u64 {
