@@ -294,16 +294,30 @@ tracepoint_programs!(
 // spinlocks only (the mutex slow path has its own tracepoints), so the tracepoint rung is what
 // covers `vmap_purge_lock`.
 
+/// The lock argument of a BTF-typed (fentry/fexit) program as a plain number. The verifier
+/// types `ctx.arg(0)` as a `struct qspinlock *` and refuses any arithmetic on it, and the
+/// pending-slot hash multiplies the address. Reading the same context slot through
+/// `bpf_probe_read_kernel` yields an untyped scalar with the same value.
+#[inline(always)]
+fn btf_lock_arg<C: EbpfContext>(ctx: &C) -> u64 {
+    // SAFETY: the first u64 slot of a tracing context is the first argument; the helper
+    // checks the read and zeroes the result on failure.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(ctx.as_ptr() as *const u64) }.unwrap_or(0)
+}
+
 #[fentry]
 pub fn fentry_spin_slowpath(ctx: FEntryContext) -> u32 {
-    let lock: u64 = ctx.arg(0);
+    let lock = btf_lock_arg(&ctx);
+    if lock == 0 {
+        return 0;
+    }
     begin_wait::<_, LOCK_FILTER_FRAMES_RAW>(&ctx, lock, c::F_SPIN);
     0
 }
 
 #[fexit]
 pub fn fexit_spin_slowpath(ctx: FExitContext) -> u32 {
-    let lock: u64 = ctx.arg(0);
+    let lock = btf_lock_arg(&ctx);
     match end_wait(&ctx, lock, 0) {
         Ok(()) => 0,
         Err(_) => 1,

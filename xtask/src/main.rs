@@ -13,6 +13,7 @@ mod elf;
 mod run;
 mod setup;
 mod test;
+mod testbox;
 
 use std::process::ExitCode;
 
@@ -71,6 +72,15 @@ enum Task {
     /// against `jq -c 'select(.type=="alloc")' FILE | wc -l`, and replay's peak RSS on both
     /// traces; prints them beside the targets and writes target/bench/model.json.
     BenchModel(bench_model::BenchModelArgs),
+    /// Run a command as root in a QEMU guest with another kernel (see docs/testbox.md).
+    ///
+    /// Boots Debian's 6.12 (default) or 6.1 kernel under TCG with a busybox initramfs that
+    /// carries the release vmtrace, runs COMMAND (default `vmtrace probes`) in the guest's
+    /// working directory, a 9p share of --out (default target/testbox/out), and exits with its
+    /// status. The kernel is downloaded once, through a private apt configuration, into
+    /// $XDG_CACHE_HOME/vmtrace/testbox (default ~/.cache/vmtrace/testbox); later runs are
+    /// offline. The guest's console log goes to --console (default target/testbox/console.log).
+    Testbox(testbox::TestboxArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +91,7 @@ fn main() -> ExitCode {
         Task::Test => test::test(),
         Task::Bench(args) => bench::bench(&args),
         Task::BenchModel(args) => bench_model::bench_model(&args),
+        Task::Testbox(args) => testbox::testbox(&args),
     };
     match result {
         Ok(code) => code,

@@ -30,6 +30,13 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("jq", "checking JSON output in scripts"),
     ("util-linux", "setpriv, for the unprivileged-run tests"),
     ("prometheus", "promtool, for the exporter tests"),
+    (
+        "qemu-system-x86",
+        "the test box guest (cargo xtask testbox)",
+    ),
+    ("busybox-static", "the test box guest's userland"),
+    ("cpio", "packing the test box initramfs"),
+    ("xz-utils", "unpacking the test box kernel's modules"),
 ];
 
 /// Runs every setup check, installing whatever is missing.

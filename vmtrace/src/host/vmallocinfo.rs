@@ -100,12 +100,13 @@ pub fn snapshot() -> Result<VmallocSnapshot, HostError> {
 }
 
 /// Hashed `%pK` values are 32-bit-looking and do not line up with sizes; real ones are kernel
-/// addresses whose `end - start` equals the size column.
+/// addresses (in the kernel half of 4- or 5-level paging) whose `end - start` equals the size
+/// column.
 fn looks_real(areas: &[VmallocArea]) -> bool {
     !areas.is_empty()
-        && areas.iter().all(|a| {
-            a.start.0 >= 0xffff_0000_0000_0000 && a.end.0.wrapping_sub(a.start.0) == a.size
-        })
+        && areas
+            .iter()
+            .all(|a| a.start.is_kernel() && a.end.0.wrapping_sub(a.start.0) == a.size)
 }
 
 #[cfg(test)]
@@ -141,6 +142,13 @@ mod tests {
         assert_eq!(areas[4].start, KAddr(0xffffc900000c4000));
         assert_eq!(areas[5].kind, AreaKind::VmMapRam);
         assert!(looks_real(&areas));
+    }
+
+    #[test]
+    fn five_level_addresses_are_real() {
+        // The layout a 6.12 guest with LA57 and KASLR printed.
+        let text = "0xff78b1b780000000-0xff78b1b780005000   20480 irq_init_percpu_irqstack+0xca/0x100 vmap\n";
+        assert!(looks_real(&parse(text).unwrap()));
     }
 
     #[test]

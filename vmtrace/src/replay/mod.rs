@@ -549,8 +549,7 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
         lazy_max_pages: lazy_max,
         vmalloc_start: vstart.0,
         vmalloc_end: vend.0,
-        // The VMALLOC base tells the paging mode (§1.7): 5-level bases are far below 4-level's.
-        five_level: vstart.0 < 0xff00_0000_0000_0000,
+        five_level: five_level(vstart.0),
         variant: opts.variant,
     };
     Ok(Opened {
@@ -559,6 +558,12 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
         snapshot,
         params,
     })
+}
+
+/// The paging mode, from the VMALLOC base (§1.7): a 5-level base (0xffa0… before KASLR moves
+/// it down) lies below the 4-level kernel half, and a 4-level base (0xffffc9…) inside it.
+fn five_level(vmalloc_start: u64) -> bool {
+    vmalloc_start < crate::trace::addr::KERNEL_HALF_4LEVEL
 }
 
 /// Replays a whole trace.
@@ -2002,6 +2007,19 @@ fn total_tables(c: &SlotCounts) -> u64 {
 mod tests {
     use super::*;
     use crate::synth::{generate, SynthParams, VMALLOC_START};
+
+    #[test]
+    fn the_vmalloc_base_tells_the_paging_mode() {
+        assert!(!five_level(0xffff_c900_0000_0000), "4-level base");
+        assert!(
+            five_level(0xffa0_0000_0000_0000),
+            "5-level base without KASLR"
+        );
+        assert!(
+            five_level(0xff78_b1b7_8000_0000),
+            "5-level base a KASLR guest had"
+        );
+    }
 
     #[test]
     fn swap_candidates_try_the_recent_batches_first_then_each_older_one() {

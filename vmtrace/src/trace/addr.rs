@@ -22,7 +22,21 @@ impl fmt::Display for KAddr {
     }
 }
 
+/// The lowest address of x86-64's kernel half with 5-level page tables (57-bit canonical).
+/// Hashed `%pK` values are 32 bits wide and restricted ones are zero, so anything at or above
+/// this is a real kernel address in either paging mode.
+pub const KERNEL_HALF_5LEVEL: u64 = 0xff00_0000_0000_0000;
+/// The lowest address of the kernel half with 4-level page tables (48-bit canonical). A
+/// VMALLOC range below it can only come from a 5-level kernel (its base is 0xffa0… before
+/// KASLR moves it down).
+pub const KERNEL_HALF_4LEVEL: u64 = 0xffff_8000_0000_0000;
+
 impl KAddr {
+    /// Whether the address lies in the kernel half of either paging mode.
+    pub fn is_kernel(self) -> bool {
+        self.0 >= KERNEL_HALF_5LEVEL
+    }
+
     /// Parses `0x…` (or bare hex) as the kernel prints it.
     pub fn parse(s: &str) -> Option<Self> {
         let hex = s
