@@ -414,7 +414,10 @@ fn newest_package(names: &str, spec: &KernelSpec) -> Option<String> {
     let key = |name: &str| -> Option<Vec<u64>> {
         let middle = name.strip_prefix(spec.prefix)?.strip_suffix(spec.suffix)?;
         // Flavours (`-rt`, `-cloud`) put letters in the middle; only the plain image counts.
-        if !middle.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-') {
+        if !middle
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '.' || c == '-')
+        {
             return None;
         }
         middle

@@ -176,10 +176,93 @@ pub fn resolve_target(target: &'static str, ksyms: Option<&Kallsyms>) -> String 
         return target.to_string();
     }
     let pv = "__pv_queued_spin_lock_slowpath";
-    match ksyms {
-        Some(k) if k.addr_of(pv).is_some() => pv.into(),
-        _ => "native_queued_spin_lock_slowpath".into(),
+    let has_pv = ksyms.is_some_and(|k| k.addr_of(pv).is_some());
+    if has_pv && PvSpinFacts::read().pv_in_use() {
+        pv.into()
+    } else {
+        "native_queued_spin_lock_slowpath".into()
     }
+}
+
+/// What decides which queued-spinlock slow path `pv_ops` calls. A paravirt kernel always has
+/// `__pv_queued_spin_lock_slowpath`, but it calls it only after `kvm_spinlock_init` (or Xen's
+/// or Hyper-V's) switched it in; everywhere else (bare metal, QEMU's TCG) it calls
+/// `native_queued_spin_lock_slowpath`, and a probe on the other symbol never fires.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PvSpinFacts {
+    /// CPUID 0x40000000 names KVM.
+    pub kvm: bool,
+    /// KVM_FEATURE_PV_UNHALT (CPUID 0x40000001 EAX bit 7): the host can wake a halted waiter.
+    pub pv_unhalt: bool,
+    /// KVM_HINTS_REALTIME (CPUID 0x40000001 EDX bit 0): vCPUs are never preempted.
+    pub realtime_hint: bool,
+    /// CPUID 0x40000000 names Xen or Hyper-V, whose own init installs the pv slow path.
+    pub other_pv_hypervisor: bool,
+    pub possible_cpus: u32,
+    /// `nopvspin` on the kernel command line.
+    pub nopvspin: bool,
+}
+
+impl PvSpinFacts {
+    /// Reads the facts from CPUID, `/sys/devices/system/cpu/possible` and `/proc/cmdline`.
+    pub fn read() -> Self {
+        let (signature, features) = hypervisor_cpuid();
+        let possible_cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+            .ok()
+            .and_then(|t| crate::host::system::parse_cpulist(&t).ok())
+            .unwrap_or(1);
+        let nopvspin = std::fs::read_to_string("/proc/cmdline")
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "nopvspin"));
+        PvSpinFacts {
+            kvm: &signature == b"KVMKVMKVM\0\0\0",
+            pv_unhalt: features.0 & (1 << 7) != 0,
+            realtime_hint: features.1 & 1 != 0,
+            other_pv_hypervisor: &signature == b"XenVMMXenVMM" || &signature == b"Microsoft Hv",
+            possible_cpus,
+            nopvspin,
+        }
+    }
+
+    /// `kvm_spinlock_init`'s conditions (arch/x86/kernel/kvm.c): PV unhalt offered, no
+    /// realtime hint, more than one possible CPU, no `nopvspin`.
+    pub fn pv_in_use(&self) -> bool {
+        let smp = self.possible_cpus > 1 && !self.nopvspin;
+        if self.kvm {
+            self.pv_unhalt && !self.realtime_hint && smp
+        } else {
+            self.other_pv_hypervisor && smp
+        }
+    }
+}
+
+/// The hypervisor signature (CPUID 0x40000000 EBX:ECX:EDX) and the KVM feature leaf
+/// (0x40000001 EAX, EDX); zeros when CPUID.1:ECX bit 31 says no hypervisor is there.
+#[cfg(target_arch = "x86_64")]
+fn hypervisor_cpuid() -> ([u8; 12], (u32, u32)) {
+    use std::arch::x86_64::__cpuid;
+    // Leaves 0x4000_00xx are reserved for hypervisors and only read when the hypervisor bit
+    // is set.
+    let leaf1 = __cpuid(1);
+    if leaf1.ecx & (1 << 31) == 0 {
+        return ([0; 12], (0, 0));
+    }
+    let base = __cpuid(0x4000_0000);
+    let mut signature = [0u8; 12];
+    signature[..4].copy_from_slice(&base.ebx.to_le_bytes());
+    signature[4..8].copy_from_slice(&base.ecx.to_le_bytes());
+    signature[8..].copy_from_slice(&base.edx.to_le_bytes());
+    let features = if base.eax >= 0x4000_0001 {
+        let f = __cpuid(0x4000_0001);
+        (f.eax, f.edx)
+    } else {
+        (0, 0)
+    };
+    (signature, features)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn hypervisor_cpuid() -> ([u8; 12], (u32, u32)) {
+    ([0; 12], (0, 0))
 }
 
 /// Why kprobes cannot be used at all here, if that can be told without trying.
@@ -371,4 +454,63 @@ fn trial_kprobe(
             .map_err(|e| describe_error(&format!("kprobe attach on {target}"), &e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pv_slow_path_is_used_only_where_kvm_spinlock_init_installs_it() {
+        let kvm = PvSpinFacts {
+            kvm: true,
+            pv_unhalt: true,
+            possible_cpus: 4,
+            ..PvSpinFacts::default()
+        };
+        assert!(kvm.pv_in_use());
+        assert!(
+            !PvSpinFacts {
+                pv_unhalt: false,
+                ..kvm
+            }
+            .pv_in_use(),
+            "no host support"
+        );
+        assert!(
+            !PvSpinFacts {
+                realtime_hint: true,
+                ..kvm
+            }
+            .pv_in_use(),
+            "realtime hint"
+        );
+        assert!(
+            !PvSpinFacts {
+                possible_cpus: 1,
+                ..kvm
+            }
+            .pv_in_use(),
+            "one CPU"
+        );
+        assert!(
+            !PvSpinFacts {
+                nopvspin: true,
+                ..kvm
+            }
+            .pv_in_use(),
+            "nopvspin"
+        );
+        // Bare metal and QEMU's TCG offer no hypervisor leaves: the native path runs.
+        let bare = PvSpinFacts {
+            possible_cpus: 16,
+            ..PvSpinFacts::default()
+        };
+        assert!(!bare.pv_in_use());
+        let xen = PvSpinFacts {
+            other_pv_hypervisor: true,
+            ..bare
+        };
+        assert!(xen.pv_in_use());
+    }
 }
