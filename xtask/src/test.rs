@@ -16,6 +16,9 @@ use crate::setup::setup;
 
 /// Integration test targets with this prefix need root and run one at a time.
 const PRIVILEGED_PREFIX: &str = "privileged_";
+/// Integration test targets with this prefix boot the test box guest (`cargo xtask testbox`);
+/// they run last, one at a time, with the xtask binary named in `VMTRACE_XTASK`.
+const TESTBOX_PREFIX: &str = "testbox_";
 /// Set for every test when running as root, so privileged tests fail instead of skipping: CI is
 /// root on a real kernel, and a skipped test there would hide a regression.
 const REQUIRE_PRIVILEGED: &str = "VMTRACE_REQUIRE_PRIVILEGED";
@@ -169,6 +172,7 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
 
     let mut plain = Vec::new();
     let mut privileged = Vec::new();
+    let mut guest = Vec::new();
     for package in metadata.default_members() {
         for target in package
             .targets
@@ -178,6 +182,8 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
             let entry = (package.name.clone(), target.name.clone());
             if target.name.starts_with(PRIVILEGED_PREFIX) {
                 privileged.push(entry);
+            } else if target.name.starts_with(TESTBOX_PREFIX) {
+                guest.push(entry);
             } else {
                 plain.push(entry);
             }
@@ -206,6 +212,32 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
             "--test-threads=1",
         ]);
         steps.push(Step::command(format!("privileged test {target}"), c));
+    }
+    for (package, target) in guest {
+        steps.push(Step::new(format!("test box guest {target}"), move || {
+            let mut c = test_cmd();
+            c.arg("--release")
+                .args(["--package", &package, "--test", &target])
+                .args(["--", "--test-threads=1", "--nocapture"]);
+            match std::env::current_exe() {
+                Ok(exe) => {
+                    c.env("VMTRACE_XTASK", exe);
+                }
+                Err(e) => {
+                    c.env(
+                        "VMTRACE_TESTBOX_UNAVAILABLE",
+                        format!("no xtask binary: {e}"),
+                    );
+                }
+            }
+            if let Err(reason) = crate::testbox::prepare_default() {
+                // Only a missing kernel (no network on a first run) or missing host tools end
+                // here; the tests then skip and print the reason.
+                println!("WARNING: the test box cannot boot here: {reason:#}");
+                c.env("VMTRACE_TESTBOX_UNAVAILABLE", format!("{reason:#}"));
+            }
+            cmd::run(&mut c)
+        }));
     }
     steps
 }

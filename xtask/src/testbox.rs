@@ -165,6 +165,13 @@ pub fn testbox(args: &TestboxArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(status).unwrap_or(1)))
 }
 
+/// Makes sure the default kernel is cached and the host tools are there, so the guest tests can
+/// tell a box that cannot boot here (said once, then skipped) from a guest that failed.
+pub fn prepare_default() -> Result<Kernel> {
+    ensure_host_tools()?;
+    ensure_kernel(&KERNELS[0])
+}
+
 /// The host programs the box needs. Setup installs them from Debian's packages; this check
 /// names whatever is still missing rather than failing inside QEMU.
 fn ensure_host_tools() -> Result<()> {

@@ -155,7 +155,14 @@ impl Classifier {
 
     fn class_of(&mut self, frames: &[String], lock: u64, flags: u32) -> LockClass {
         use LockClass::*;
-        let Some(site) = frames
+        // On the fentry and kprobe rungs the stack starts in the BPF program and its trampoline
+        // (JIT addresses that kallsyms resolves to whatever symbol precedes them), then the
+        // traced slow path: the acquirer is the first frame after the lock primitives.
+        let first_primitive = frames
+            .iter()
+            .position(|f| is_lock_primitive(frame_function(f)))
+            .unwrap_or(0);
+        let Some(site) = frames[first_primitive..]
             .iter()
             .find(|f| !is_lock_primitive(frame_function(f)))
         else {
@@ -276,6 +283,27 @@ mod tests {
             .filter(|(s, _)| s.frames.get(2).map(String::as_str) == Some(acquirer_frame))
             .map(|(_, r)| *r)
             .collect()
+    }
+
+    #[test]
+    fn trampoline_frames_before_the_slow_path_are_skipped() {
+        // A stack the fentry rung recorded in a 6.12 guest: two JIT frames, the traced slow
+        // path, then the real call chain.
+        let frames: Vec<String> = [
+            "handshake_exit+0x25c314fa",
+            "handshake_exit+0x25c32bc6",
+            "native_queued_spin_lock_slowpath+0x9",
+            "_raw_spin_lock+0x29",
+            "alloc_vmap_area+0x4fc",
+            "handshake_exit+0x25c388e9",
+            "alloc_vmap_area+0x5",
+            "__get_vm_area_node+0xcc",
+        ]
+        .map(String::from)
+        .into();
+        let mut c = Classifier::new(4);
+        let r = c.classify(&frames, 0xffff_ffff_9a5d_6730, 1);
+        assert_eq!(r.class, LockClass::FreeAreaLock);
     }
 
     #[test]

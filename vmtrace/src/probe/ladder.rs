@@ -307,6 +307,51 @@ pub fn describe_error(action: &str, e: &(dyn std::error::Error + 'static)) -> St
     }
 }
 
+/// Environment variable capping the ladder: `kprobe` skips fentry, `tracepoint` skips both
+/// richer rungs. It exists to exercise a lower rung on a kernel that offers a higher one (the
+/// test box checks the kprobe programs that way), like `VMTRACE_TRACEPOINTS=perf` for the
+/// tracepoint attach.
+pub const MAX_RUNG_ENV: &str = "VMTRACE_MAX_RUNG";
+
+/// The highest rung [`MAX_RUNG_ENV`] allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RungCap(Option<Rung>);
+
+impl RungCap {
+    fn parse(value: Option<&str>) -> Self {
+        RungCap(match value {
+            Some("kprobe") => Some(Rung::Kprobe),
+            Some("tracepoint") => Some(Rung::Tracepoint),
+            _ => None,
+        })
+    }
+
+    /// Why `rung` is skipped, when the cap is below it.
+    fn refuses(self, rung: Rung) -> Option<String> {
+        let cap = self.0?;
+        let order = |r: Rung| match r {
+            Rung::Fentry => 3,
+            Rung::Kprobe => 2,
+            Rung::Tracepoint => 1,
+            Rung::None => 0,
+        };
+        (order(rung) > order(cap)).then(|| {
+            format!(
+                "skipped: {MAX_RUNG_ENV}={}",
+                if cap == Rung::Kprobe {
+                    "kprobe"
+                } else {
+                    "tracepoint"
+                }
+            )
+        })
+    }
+}
+
+fn max_rung_from_env() -> RungCap {
+    RungCap::parse(std::env::var(MAX_RUNG_ENV).ok().as_deref())
+}
+
 /// Tries each richer rung of every logical probe on a throw-away copy of the object.
 pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -> Vec<Choice> {
     let btf_path = Path::new("/sys/kernel/btf/vmlinux");
@@ -315,6 +360,7 @@ pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -
     } else {
         Err(format!("no kernel BTF ({} missing)", btf_path.display()))
     };
+    let cap = max_rung_from_env();
     let kprobe_off = kprobe_unavailable(tracefs);
     let mut trial: Option<Ebpf> = None;
     let mut choices = Vec::new();
@@ -323,6 +369,8 @@ pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -
         let mut rung = None;
         if logical.fentry.is_empty() {
             refused.push((Rung::Fentry, "no fentry program for this probe".to_string()));
+        } else if let Some(why) = cap.refuses(Rung::Fentry) {
+            refused.push((Rung::Fentry, why));
         } else {
             match &btf {
                 Err(reason) => refused.push((Rung::Fentry, reason.clone())),
@@ -335,6 +383,8 @@ pub fn detect(object: &[u8], tracefs: Option<&Path>, ksyms: Option<&Kallsyms>) -
         if rung.is_none() {
             if logical.kprobe.is_empty() {
                 refused.push((Rung::Kprobe, "no kprobe program for this probe".to_string()));
+            } else if let Some(why) = cap.refuses(Rung::Kprobe) {
+                refused.push((Rung::Kprobe, why));
             } else if let Some(reason) = &kprobe_off {
                 refused.push((Rung::Kprobe, reason.clone()));
             } else {
@@ -459,6 +509,17 @@ fn trial_kprobe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rung_cap_skips_only_what_lies_above_it() {
+        let kprobe = RungCap::parse(Some("kprobe"));
+        assert!(kprobe.refuses(Rung::Fentry).is_some());
+        assert_eq!(kprobe.refuses(Rung::Kprobe), None);
+        let tp = RungCap::parse(Some("tracepoint"));
+        assert!(tp.refuses(Rung::Fentry).is_some() && tp.refuses(Rung::Kprobe).is_some());
+        assert_eq!(RungCap::parse(None).refuses(Rung::Fentry), None);
+        assert_eq!(RungCap::parse(Some("fentry")).refuses(Rung::Fentry), None);
+    }
 
     #[test]
     fn the_pv_slow_path_is_used_only_where_kvm_spinlock_init_installs_it() {

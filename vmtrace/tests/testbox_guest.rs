@@ -1,0 +1,261 @@
+//! vmtrace on a real kernel that the development machines do not run: Debian's 6.12 in a QEMU
+//! guest (`cargo xtask testbox`, docs/testbox.md), with kprobes, fentry, 4 and 8 vmap nodes,
+//! and both paging modes.
+//!
+//! `cargo xtask test` runs this target on its own with `VMTRACE_XTASK` naming the xtask binary
+//! that boots the guest. Without it (a plain `cargo test`) the tests skip and say so. When the
+//! kernel package could not be fetched, xtask sets `VMTRACE_TESTBOX_UNAVAILABLE` to the reason
+//! and the tests skip loudly with it; CI fails only on what the guest itself got wrong.
+//!
+//! Guest time is emulated (TCG), so nothing here judges speed or lock costs: the assertions
+//! are about which rungs attach, what the records carry, and how the model replays the
+//! kernel's placements, backlog and purges on more nodes than the host has.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
+
+/// The xtask binary, or `None` (after saying why) when the guest cannot be booted here.
+fn xtask() -> Option<PathBuf> {
+    if let Ok(reason) = std::env::var("VMTRACE_TESTBOX_UNAVAILABLE") {
+        eprintln!("SKIPPED: the test box is unavailable: {reason}");
+        return None;
+    }
+    match std::env::var_os("VMTRACE_XTASK") {
+        Some(path) => Some(PathBuf::from(path)),
+        None => {
+            eprintln!(
+                "SKIPPED: VMTRACE_XTASK is not set; run these tests through `cargo xtask test`"
+            );
+            None
+        }
+    }
+}
+
+/// Boots the guest with `cpus` vCPUs and the given paging mode, runs `script` in `dir` (the
+/// guest's working directory) and asserts it exited 0.
+fn guest(xtask: &Path, dir: &Path, cpus: u32, paging: u8, script: &str) {
+    std::fs::write(dir.join("run.sh"), script).unwrap();
+    let status = Command::new(xtask)
+        .args(["testbox", "--vmtrace", VMTRACE, "--out"])
+        .arg(dir)
+        .arg("--console")
+        .arg(dir.join("console.log"))
+        .args(["--cpus", &cpus.to_string(), "--paging", &paging.to_string()])
+        .args(["--timeout", "600", "--", "sh", "-e", "run.sh"])
+        .status()
+        .expect("cannot run the xtask binary");
+    assert!(
+        status.success(),
+        "the guest script failed ({status}); console log in {}",
+        dir.display()
+    );
+}
+
+fn json_file(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The rung each logical probe got, from `vmtrace probes --json`.
+fn rungs(probes: &Value) -> Vec<(String, String)> {
+    probes
+        .as_array()
+        .expect("probes --json is an array")
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p["logical"].as_str()?.to_string(),
+                p["rung"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn rung_of<'a>(rungs: &'a [(String, String)], logical: &str) -> &'a str {
+    rungs
+        .iter()
+        .find(|(l, _)| l == logical)
+        .map(|(_, r)| r.as_str())
+        .unwrap_or_else(|| panic!("no {logical} in probes --json"))
+}
+
+/// Records of each type in a trace, and its footer.
+fn census(trace: &Path) -> (std::collections::HashMap<String, u64>, Value) {
+    let text = std::fs::read_to_string(trace).unwrap();
+    let mut counts = std::collections::HashMap::new();
+    let mut footer = Value::Null;
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let kind = v["type"].as_str().unwrap_or("?").to_string();
+        if kind == "footer" {
+            footer = v.clone();
+        }
+        *counts.entry(kind).or_insert(0) += 1;
+    }
+    (counts, footer)
+}
+
+/// `vmtrace replay --json` of a trace: the `nodes` report.
+fn replay(trace: &Path) -> Value {
+    let out = Command::new(VMTRACE)
+        .args(["replay", "--json", "--variant", "nodes"])
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vmtrace replay {} failed: {}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: Value = serde_json::from_slice(&out.stdout).unwrap();
+    reports[0].clone()
+}
+
+fn pct(report: &Value, key: &str) -> f64 {
+    let a = &report[key];
+    let compared = a["compared"].as_f64().unwrap();
+    assert!(compared > 0.0, "nothing compared for {key}");
+    100.0 * a["agreed"].as_f64().unwrap() / compared
+}
+
+/// The rungs a 6.12 kernel offers, each checked by attaching and by the records it produced:
+/// fentry first, then the kprobe rung (forced with `VMTRACE_MAX_RUNG=kprobe`), on 4 vCPUs with
+/// 5-level paging.
+#[test]
+fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
+    let Some(xtask) = xtask() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    guest(
+        &xtask,
+        dir.path(),
+        4,
+        5,
+        "vmtrace probes --json > probes.json\n\
+         VMTRACE_MAX_RUNG=kprobe vmtrace probes --json > probes-kprobe.json\n\
+         vmtrace record -q --probes all -o fentry.jsonl -- vmtrace stress fix-size --threads 4 --duration 5s > /dev/null\n\
+         VMTRACE_MAX_RUNG=kprobe vmtrace record -q --probes all -o kprobe.jsonl -- vmtrace stress fix-size --threads 4 --duration 5s > /dev/null\n",
+    );
+
+    let top = rungs(&json_file(&dir.path().join("probes.json")));
+    eprintln!("rungs: {top:?}");
+    for logical in ["lock_waits", "purge_work", "page_tables", "alloc_latency"] {
+        assert_eq!(rung_of(&top, logical), "fentry", "{logical}");
+    }
+    // backing_pages has no richer program than its tracepoint.
+    assert_eq!(rung_of(&top, "backing_pages"), "tracepoint");
+    let capped = rungs(&json_file(&dir.path().join("probes-kprobe.json")));
+    for logical in ["lock_waits", "purge_work", "page_tables", "alloc_latency"] {
+        assert_eq!(
+            rung_of(&capped, logical),
+            "kprobe",
+            "{logical} under the cap"
+        );
+    }
+
+    for name in ["fentry.jsonl", "kprobe.jsonl"] {
+        let trace = dir.path().join(name);
+        let lines = common::assert_trace_valid(&trace);
+        let (counts, footer) = census(&trace);
+        eprintln!("{name}: {lines} lines, {counts:?}");
+        let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+        assert!(n("alloc") > 5_000, "{name}: {} allocations", n("alloc"));
+        assert_eq!(footer["lost_total"].as_u64(), Some(0), "{name} lost events");
+        // alloc_latency times nearly every allocation (the few outside a probe's life miss).
+        assert!(
+            n("latency") * 10 >= n("alloc") * 9,
+            "{name}: {} latency records for {} allocations",
+            n("latency"),
+            n("alloc")
+        );
+        // purge_work on a rich rung times each node's purge, with its nr_purged.
+        assert!(n("work") > 0, "{name}: no work records");
+        // Four stressing threads on four vCPUs contend on the vmap locks, and the stack
+        // classifier must name them: the free-area lock is always among them.
+        assert!(n("contention") > 0, "{name}: no contention records");
+        let by_class = footer["ladder"]["contention_by_class"].as_array().unwrap();
+        let count = |class: &str| {
+            by_class
+                .iter()
+                .find(|c| c["class"] == class)
+                .and_then(|c| c["count"].as_u64())
+                .unwrap_or(0)
+        };
+        let other = count("other");
+        let total: u64 = by_class.iter().filter_map(|c| c["count"].as_u64()).sum();
+        assert!(
+            other * 2 < total,
+            "{name}: {other} of {total} lock waits left unclassified"
+        );
+        assert!(
+            count("free_area_lock") > 0,
+            "{name}: no free_area_lock waits"
+        );
+    }
+}
+
+/// The model on 4 and 8 nodes, in both paging modes. Floors are set below the figures measured
+/// in this guest (docs/testbox.md gives them with the command), with room for run-to-run
+/// variation; they are the current (not yet strict) figures of `vmtrace replay`.
+#[test]
+fn replay_on_four_and_eight_nodes_meets_the_floors() {
+    let Some(xtask) = xtask() else { return };
+    for (cpus, paging) in [(4, 5), (8, 4)] {
+        let dir = tempfile::tempdir().unwrap();
+        guest(
+            &xtask,
+            dir.path(),
+            cpus,
+            paging,
+            &format!(
+                "vmtrace record -q -o fix.jsonl -- vmtrace stress fix-size --threads {cpus} --duration 6s > /dev/null\n\
+                 vmtrace record -q -o busy.jsonl -- vmtrace stress long-busy-list --threads {cpus} --keep 2000 --duration 6s > /dev/null\n"
+            ),
+        );
+        for name in ["fix.jsonl", "busy.jsonl"] {
+            let r = replay(&dir.path().join(name));
+            assert_eq!(r["nodes"].as_u64(), Some(u64::from(cpus)), "vmap nodes");
+            let start = u64::from_str_radix(
+                r["vmalloc_start"]
+                    .as_str()
+                    .unwrap()
+                    .trim_start_matches("0x"),
+                16,
+            )
+            .unwrap();
+            // The guest's paging mode shows in its VMALLOC base: below the 4-level kernel half
+            // only with LA57.
+            assert_eq!(
+                start < 0xffff_8000_0000_0000,
+                paging == 5,
+                "VMALLOC base {start:#x}"
+            );
+            let warm = pct(&r, "placement_after_warmup");
+            let nr_lazy = pct(&r, "nr_lazy");
+            let npurged = pct(&r, "npurged");
+            eprintln!(
+                "{cpus} nodes, {paging}-level, {name}: placement after warm-up {warm:.2} %, nr_lazy {nr_lazy:.2} %, npurged {npurged:.2} %"
+            );
+            eprintln!("  divergence classes: {}", r["divergence_classes"]);
+            assert!(
+                warm >= 98.0,
+                "{cpus} nodes {name}: placement after warm-up {warm:.2} %"
+            );
+            assert!(
+                nr_lazy >= 97.0,
+                "{cpus} nodes {name}: nr_lazy {nr_lazy:.2} %"
+            );
+            assert!(
+                npurged >= 60.0,
+                "{cpus} nodes {name}: npurged {npurged:.2} %"
+            );
+        }
+    }
+}
