@@ -35,7 +35,7 @@ pub use lazy::{lazy_max_pages, purge_helpers, LazyArea, LazyLists};
 pub use locks::LockCounts;
 pub use nodes::NodeLayout;
 pub use pagetable::{PageTableSlots, SlotCounts};
-pub use pools::{pool_index, PoolLookup, Pools, MAX_VA_SIZE_PAGES};
+pub use pools::{pool_index, DecayRule, PoolLookup, Pools, MAX_VA_SIZE_PAGES};
 
 /// Which allocator design to model.
 #[derive(
@@ -95,6 +95,8 @@ pub struct Params {
     pub vmalloc_end: u64,
     /// Whether PUD tables are allocated on demand (5-level paging).
     pub five_level: bool,
+    /// How a partial pool decay is sized: the kernel's rule for its release.
+    pub decay: DecayRule,
     pub variant: Variant,
 }
 
@@ -1245,13 +1247,13 @@ impl Model {
         n
     }
 
-    /// The cut of a decay: `len >> 2` (all when `full`) from the head of each of `node`'s
+    /// The cut of a decay: [`pools::decay_count`] from the head of each of `node`'s
     /// pools into `out`, with two pool-lock sections per non-empty pool (detach, re-attach).
     fn cut_pools(&mut self, node: u32, full: bool, out: &mut Vec<(u64, u64)>) {
         if !self.params.variant.has_pools() {
             return;
         }
-        let non_empty = self.pools.decay(node, full, out);
+        let non_empty = self.pools.decay(node, full, self.params.decay, out);
         for _ in 0..2 * non_empty {
             LockCounts::bump(&mut self.locks.pool, node);
         }

@@ -138,10 +138,16 @@ impl Pools {
         None
     }
 
-    /// `decay_va_pool_node`: takes `len >> 2` areas (all with `full`) from the head of each of
+    /// `decay_va_pool_node`: takes [`decay_count`] areas from the head of each of
     /// `node`'s non-empty pools and appends `(start, size)` to `out`. Returns how many pools
     /// were non-empty (each costs two `pool_lock` sections).
-    pub fn decay(&mut self, node: u32, full: bool, out: &mut Vec<(u64, u64)>) -> u32 {
+    pub fn decay(
+        &mut self,
+        node: u32,
+        full: bool,
+        rule: DecayRule,
+        out: &mut Vec<(u64, u64)>,
+    ) -> u32 {
         let base = node as usize * MAX_VA_SIZE_PAGES as usize;
         let mut non_empty = 0;
         for idx in 0..MAX_VA_SIZE_PAGES as usize {
@@ -152,7 +158,7 @@ impl Pools {
                 continue;
             }
             non_empty += 1;
-            let n = decay_count(list.len(), full);
+            let n = decay_count(list.len(), full, rule);
             let size = (idx as u64 + 1) * self.page_size;
             out.extend(list.drain(..n).map(|a| (a, size)));
             self.objects -= n as u64;
@@ -171,11 +177,42 @@ impl Pools {
     }
 }
 
-/// Areas a decay takes from a pool of `len`: 25 % rounded down, so pools of 1–3 keep
-/// everything, or all of them on the allocation-failure path.
+/// How `decay_va_pool_node` sizes a partial decay. The rule changed in v6.16, and a 6.12
+/// guest's recording shows the older one (docs/model.md, "Decay before v6.16").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecayRule {
+    /// v6.16 and later: `len >> 2` from the head, so pools of 1–3 keep everything.
+    #[default]
+    Quarter,
+    /// v6.9–v6.15: the loop takes an area before it tests `--n_decay`, which wraps from 0 when
+    /// `len >> 2` is 0, so pools of 1–3 are emptied; longer pools lose `len >> 2`.
+    QuarterEmptyingShort,
+}
+
+impl DecayRule {
+    /// The rule of the kernel whose `uname -r` is `release`; a release that does not parse
+    /// gets the current rule.
+    pub fn for_release(release: &str) -> Self {
+        let mut parts = release
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<u32>().unwrap_or(0));
+        match (parts.next(), parts.next()) {
+            (Some(major), Some(minor)) if (major, minor) < (6, 16) => {
+                DecayRule::QuarterEmptyingShort
+            }
+            _ => DecayRule::Quarter,
+        }
+    }
+}
+
+/// Areas a decay takes from a pool of `len`: 25 % rounded down (all of a pool of 1–3 under
+/// the pre-6.16 rule), or all of them on the allocation-failure path.
 #[inline]
-pub fn decay_count(len: usize, full: bool) -> usize {
+pub fn decay_count(len: usize, full: bool, rule: DecayRule) -> usize {
     if full {
+        len
+    } else if rule == DecayRule::QuarterEmptyingShort && len < 4 {
         len
     } else {
         len >> 2
@@ -200,9 +237,34 @@ mod tests {
         assert_eq!(p.take_head(1, 8192, 0x4000), PoolLookup::Hit(0x10000));
         assert_eq!(p.take_head(0, 8192, 1), PoolLookup::Empty);
         assert_eq!(p.objects(), 1);
-        assert_eq!(decay_count(3, false), 0);
-        assert_eq!(decay_count(7, false), 1);
-        assert_eq!(decay_count(8, false), 2);
-        assert_eq!(decay_count(3, true), 3);
+        let q = DecayRule::Quarter;
+        assert_eq!(decay_count(3, false, q), 0);
+        assert_eq!(decay_count(7, false, q), 1);
+        assert_eq!(decay_count(8, false, q), 2);
+        assert_eq!(decay_count(3, true, q), 3);
+        let old = DecayRule::QuarterEmptyingShort;
+        assert_eq!(decay_count(1, false, old), 1);
+        assert_eq!(decay_count(3, false, old), 3);
+        assert_eq!(decay_count(4, false, old), 1);
+        assert_eq!(decay_count(8, false, old), 2);
+    }
+
+    #[test]
+    fn the_decay_rule_follows_the_release() {
+        assert_eq!(
+            DecayRule::for_release("6.12.117+deb13-amd64"),
+            DecayRule::QuarterEmptyingShort
+        );
+        assert_eq!(
+            DecayRule::for_release("6.15.0"),
+            DecayRule::QuarterEmptyingShort
+        );
+        assert_eq!(DecayRule::for_release("6.16.1"), DecayRule::Quarter);
+        assert_eq!(
+            DecayRule::for_release("6.18.44-fc-v1045"),
+            DecayRule::Quarter
+        );
+        assert_eq!(DecayRule::for_release("7.0"), DecayRule::Quarter);
+        assert_eq!(DecayRule::for_release("odd"), DecayRule::Quarter);
     }
 }

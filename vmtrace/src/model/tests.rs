@@ -18,6 +18,7 @@ fn params(variant: Variant) -> Params {
         vmalloc_start: BASE,
         vmalloc_end: BASE + PAGES * PAGE + PAGE - 1,
         five_level: false,
+        decay: DecayRule::Quarter,
         variant,
     }
 }

@@ -829,7 +829,8 @@ impl Run {
         for (&(node, _), &len) in &pool_len {
             if let Some(n) = nonempty.get_mut(node as usize) {
                 *n += 1;
-                decayed[node as usize] += crate::model::pools::decay_count(len, full) as u64;
+                decayed[node as usize] +=
+                    crate::model::pools::decay_count(len, full, self.model.params().decay) as u64;
             }
         }
         self.sync_prev();

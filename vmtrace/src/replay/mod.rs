@@ -550,6 +550,7 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
         vmalloc_start: vstart.0,
         vmalloc_end: vend.0,
         five_level: five_level(vstart.0),
+        decay: crate::model::DecayRule::for_release(&header.system.kernel_release),
         variant: opts.variant,
     };
     Ok(Opened {

@@ -277,6 +277,8 @@ impl<'p> Generator<'p> {
             vmalloc_start: VMALLOC_START,
             vmalloc_end: VMALLOC_END,
             five_level: false,
+            // synth stands in for the current kernel's test_vmalloc runs.
+            decay: crate::model::DecayRule::Quarter,
             variant: Variant::Nodes,
         })?;
         let mut rng = Rng::new(p.seed);
