@@ -216,10 +216,11 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
             paging,
             &format!(
                 "vmtrace record -q -o fix.jsonl -- vmtrace stress fix-size --threads {cpus} --duration 6s > /dev/null\n\
+                 vmtrace record -q -o random.jsonl -- vmtrace stress random-size --threads {cpus} --duration 6s > /dev/null\n\
                  vmtrace record -q -o busy.jsonl -- vmtrace stress long-busy-list --threads {cpus} --keep 2000 --duration 6s > /dev/null\n"
             ),
         );
-        for name in ["fix.jsonl", "busy.jsonl"] {
+        for name in ["fix.jsonl", "random.jsonl", "busy.jsonl"] {
             let r = replay(&dir.path().join(name));
             assert_eq!(r["nodes"].as_u64(), Some(u64::from(cpus)), "vmap nodes");
             let start = u64::from_str_radix(
@@ -244,16 +245,19 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
                 "{cpus} nodes, {paging}-level, {name}: placement after warm-up {warm:.2} %, nr_lazy {nr_lazy:.2} %, npurged {npurged:.2} %"
             );
             eprintln!("  divergence classes: {}", r["divergence_classes"]);
+            // Measured in this guest: placement after warm-up 98.1-99.6 %, nr_lazy 98.97-100 %,
+            // npurged 83-91 % (docs/testbox.md). random-size replayed at 36.6 % before the
+            // model took the pre-6.16 decay rule from the release.
             assert!(
-                warm >= 98.0,
+                warm >= 97.0,
                 "{cpus} nodes {name}: placement after warm-up {warm:.2} %"
             );
             assert!(
-                nr_lazy >= 97.0,
+                nr_lazy >= 98.0,
                 "{cpus} nodes {name}: nr_lazy {nr_lazy:.2} %"
             );
             assert!(
-                npurged >= 60.0,
+                npurged >= 75.0,
                 "{cpus} nodes {name}: npurged {npurged:.2} %"
             );
         }
