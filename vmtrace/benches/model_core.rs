@@ -29,7 +29,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::time::Instant;
 
-use vmtrace::model::{AllocRequest, Model, NodeLayout, Params, Variant};
+use vmtrace::model::{AllocRequest, DecayRule, Model, NodeLayout, Params, Variant};
 use vmtrace::replay::{replay, ReplayOptions};
 use vmtrace::trace::{AreaKind, Header, Record, TraceReader, VmallocSnapshot};
 
@@ -239,7 +239,8 @@ fn params(h: &Header) -> Result<Params, String> {
             .unwrap_or(h.vmap.lazy_max_pages_computed),
         vmalloc_start: vstart.0,
         vmalloc_end: vend.0,
-        five_level: vstart.0 < 0xff00_0000_0000_0000,
+        five_level: Params::five_level_base(vstart.0),
+        decay: DecayRule::for_release(&h.system.kernel_release),
         variant: Variant::Nodes,
     })
 }

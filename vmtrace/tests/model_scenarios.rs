@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use vmtrace::model::{AllocRequest, FitType, Model, NodeLayout, Params, Placement, Variant};
+use vmtrace::model::{
+    AllocRequest, DecayRule, FitType, Model, NodeLayout, Params, Placement, Variant,
+};
 
 const PAGE: u64 = 4096;
 const BASE: u64 = 0xffffc90000000000;
@@ -80,6 +82,7 @@ fn run(path: &Path) {
         vmalloc_start: BASE,
         vmalloc_end: BASE + sc.range_pages * PAGE + PAGE - 1,
         five_level: false,
+        decay: DecayRule::Quarter,
         variant: sc.variant,
     };
     let vend = params.vmalloc_end;

@@ -58,14 +58,12 @@ pub const KERNELS: &[KernelSpec] = &[
     },
 ];
 
-/// Modules the guest loads, in dependency order, to mount the host's share; those a kernel
-/// does not ship (6.1 has no separate netfs) are skipped.
-const SHARE_MODULES: &[&str] = &[
-    "fs/netfs/netfs",
-    "net/9p/9pnet",
-    "net/9p/9pnet_virtio",
-    "fs/9p/9p",
-];
+/// Modules the guest needs to mount the host's share; their dependencies (`depends=` in each
+/// module's modinfo: netfs on 6.12, virtio and virtio_pci on 6.1, where they are not built in)
+/// are found and loaded first. Those a kernel builds in are simply not in its tree.
+const SHARE_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p"];
+/// The modules, in load order, one name a line, written when the kernel is cached.
+const MODULE_ORDER: &str = "modules.order";
 
 /// Markers the guest's init writes into the share; they are removed before each run.
 const BOOTED_MARKER: &str = ".testbox-booted";
@@ -220,7 +218,9 @@ pub struct Kernel {
 pub fn ensure_kernel(spec: &KernelSpec) -> Result<Kernel> {
     let dir = cache_dir().join("kernels").join(spec.name);
     let ready = dir.join("release");
-    if let Ok(release) = fs::read_to_string(&ready) {
+    // A cache from before the module order was kept is fetched again.
+    let complete = dir.join(MODULE_ORDER).is_file();
+    if let Some(release) = fs::read_to_string(&ready).ok().filter(|_| complete) {
         let kernel = cached_kernel(&dir, release.trim())?;
         println!(
             "testbox: kernel {} ({}) from the cache {}",
@@ -248,10 +248,11 @@ fn cached_kernel(dir: &Path, release: &str) -> Result<Kernel> {
             dir.display()
         );
     }
-    let modules = SHARE_MODULES
-        .iter()
-        .map(|m| dir.join("modules").join(format!("{}.ko", module_name(m))))
-        .filter(|p| p.is_file())
+    let order = fs::read_to_string(dir.join(MODULE_ORDER)).unwrap_or_default();
+    let modules = order
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|m| dir.join("modules").join(format!("{}.ko", m.trim())))
         .collect();
     Ok(Kernel {
         release: release.to_string(),
@@ -260,8 +261,96 @@ fn cached_kernel(dir: &Path, release: &str) -> Result<Kernel> {
     })
 }
 
-fn module_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
+/// A module's name as modinfo's `depends=` spells it: the file name without `.ko[.xz]`, with
+/// `-` read as `_`.
+fn module_name(path: &Path) -> Option<String> {
+    let file = path.file_name()?.to_str()?;
+    let stem = file
+        .strip_suffix(".ko.xz")
+        .or_else(|| file.strip_suffix(".ko"))?;
+    Some(stem.replace('-', "_"))
+}
+
+/// Every `.ko` and `.ko.xz` under `root`, by module name.
+fn index_modules(root: &Path) -> std::collections::HashMap<String, PathBuf> {
+    let mut index = std::collections::HashMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Some(name) = module_name(&path) {
+                index.insert(name, path);
+            }
+        }
+    }
+    index
+}
+
+/// The `depends=` list of a module image's modinfo.
+fn module_depends(image: &[u8]) -> Vec<String> {
+    image
+        .split(|&b| b == 0)
+        .find_map(|field| field.strip_prefix(b"depends="))
+        .map(|list| {
+            String::from_utf8_lossy(list)
+                .split(',')
+                .filter(|d| !d.is_empty())
+                .map(|d| d.replace('-', "_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Reads a module, decompressing `.ko.xz`.
+fn read_module(path: &Path) -> Result<Vec<u8>> {
+    if path.extension().is_some_and(|e| e == "xz") {
+        let out = Command::new("xz").arg("-dc").arg(path).output()?;
+        if !out.status.success() {
+            bail!("cannot decompress {}", path.display());
+        }
+        Ok(out.stdout)
+    } else {
+        Ok(fs::read(path)?)
+    }
+}
+
+/// Orders `wanted` and their dependencies so that each module comes after what it needs.
+/// Modules absent from the tree are built in and skipped; `images` receives each one's
+/// decompressed image.
+fn resolve_modules(
+    wanted: &[&str],
+    index: &std::collections::HashMap<String, PathBuf>,
+    images: &mut Vec<(String, Vec<u8>)>,
+) -> Result<()> {
+    fn visit(
+        name: &str,
+        index: &std::collections::HashMap<String, PathBuf>,
+        images: &mut Vec<(String, Vec<u8>)>,
+        seen: &mut std::collections::HashSet<String>,
+    ) -> Result<()> {
+        if !seen.insert(name.to_string()) {
+            return Ok(());
+        }
+        let Some(path) = index.get(name) else {
+            return Ok(());
+        };
+        let image = read_module(path)?;
+        for dep in module_depends(&image) {
+            visit(&dep, index, images, seen)?;
+        }
+        images.push((name.to_string(), image));
+        Ok(())
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in wanted {
+        visit(name, index, images, &mut seen)?;
+    }
+    Ok(())
 }
 
 /// A private apt configuration: its own source list, lists and archive cache, so fetching a
@@ -441,8 +530,8 @@ fn newest_package(names: &str, spec: &KernelSpec) -> Option<String> {
         .map(|(_, n)| n.to_string())
 }
 
-/// Unpacks the image package and keeps the kernel, its config and the share modules,
-/// decompressed (busybox's insmod does not read `.ko.xz`).
+/// Unpacks the image package and keeps the kernel, its config and the share modules with
+/// their dependencies, decompressed (busybox's insmod does not read `.ko.xz`).
 fn unpack_kernel(deb: &Path, dir: &Path) -> Result<()> {
     let staging = dir.with_file_name(format!(
         "{}.unpack",
@@ -481,26 +570,15 @@ fn unpack_kernel(deb: &Path, dir: &Path) -> Result<()> {
     fs::create_dir_all(dir.join("modules"))?;
     fs::copy(&vmlinuz, dir.join("vmlinuz"))?;
     fs::copy(boot.join(format!("config-{release}")), dir.join("config")).ok();
-    for module in SHARE_MODULES {
-        let packed = modules_root.join(format!("{module}.ko.xz"));
-        let plain = modules_root.join(format!("{module}.ko"));
-        let target = dir
-            .join("modules")
-            .join(format!("{}.ko", module_name(module)));
-        if packed.is_file() {
-            let out = fs::File::create(&target)?;
-            let status = Command::new("xz")
-                .arg("-dc")
-                .arg(&packed)
-                .stdout(out)
-                .status()?;
-            if !status.success() {
-                bail!("cannot decompress {}", packed.display());
-            }
-        } else if plain.is_file() {
-            fs::copy(&plain, &target)?;
-        }
+    let mut images = Vec::new();
+    resolve_modules(SHARE_MODULES, &index_modules(&modules_root), &mut images)?;
+    let mut order = String::new();
+    for (name, image) in &images {
+        fs::write(dir.join("modules").join(format!("{name}.ko")), image)?;
+        order.push_str(name);
+        order.push('\n');
     }
+    fs::write(dir.join(MODULE_ORDER), order)?;
     // Written last: its presence is what marks the cache complete.
     fs::write(dir.join("release"), format!("{release}\n"))?;
     fs::remove_dir_all(&staging).ok();
@@ -838,6 +916,32 @@ mod tests {
             ]
         );
         assert!(parse_ldd("\tnot a dynamic executable\n").is_empty());
+    }
+
+    #[test]
+    fn modules_come_after_their_dependencies() {
+        let dir = tempfile_dir();
+        let module = |name: &str, depends: &str| {
+            let body = format!("\0license=GPL\0depends={depends}\0name={name}\0");
+            fs::write(dir.join(format!("{name}.ko")), body).unwrap();
+        };
+        module("9p", "9pnet,netfs");
+        module("9pnet", "netfs");
+        module("netfs", "");
+        module("9pnet_virtio", "9pnet,virtio_ring");
+        let index = index_modules(&dir);
+        let mut images = Vec::new();
+        // virtio_pci and virtio_ring are not in the tree: built in.
+        resolve_modules(&["virtio_pci", "9pnet_virtio", "9p"], &index, &mut images).unwrap();
+        let names: Vec<&str> = images.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["netfs", "9pnet", "9pnet_virtio", "9p"]);
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-modules-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     #[test]

@@ -101,6 +101,12 @@ pub struct Params {
 }
 
 impl Params {
+    /// The paging mode, from the VMALLOC base (§1.7): a 5-level base (0xffa0… before KASLR
+    /// moves it down) lies below the 4-level kernel half, a 4-level base (0xffffc9…) inside it.
+    pub fn five_level_base(vmalloc_start: u64) -> bool {
+        vmalloc_start < crate::trace::addr::KERNEL_HALF_4LEVEL
+    }
+
     /// End (exclusive) of the space the model manages: the last page below `VMALLOC_END` can
     /// never be used because the allocation must end at or below the inclusive end (§1.7).
     pub fn range_end(&self) -> u64 {

@@ -210,9 +210,8 @@ impl DecayRule {
 /// the pre-6.16 rule), or all of them on the allocation-failure path.
 #[inline]
 pub fn decay_count(len: usize, full: bool, rule: DecayRule) -> usize {
-    if full {
-        len
-    } else if rule == DecayRule::QuarterEmptyingShort && len < 4 {
+    let short_emptied = rule == DecayRule::QuarterEmptyingShort && len < 4;
+    if full || short_emptied {
         len
     } else {
         len >> 2

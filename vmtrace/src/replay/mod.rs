@@ -549,7 +549,7 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
         lazy_max_pages: lazy_max,
         vmalloc_start: vstart.0,
         vmalloc_end: vend.0,
-        five_level: five_level(vstart.0),
+        five_level: Params::five_level_base(vstart.0),
         decay: crate::model::DecayRule::for_release(&header.system.kernel_release),
         variant: opts.variant,
     };
@@ -559,12 +559,6 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
         snapshot,
         params,
     })
-}
-
-/// The paging mode, from the VMALLOC base (§1.7): a 5-level base (0xffa0… before KASLR moves
-/// it down) lies below the 4-level kernel half, and a 4-level base (0xffffc9…) inside it.
-fn five_level(vmalloc_start: u64) -> bool {
-    vmalloc_start < crate::trace::addr::KERNEL_HALF_4LEVEL
 }
 
 /// Replays a whole trace.
@@ -609,6 +603,10 @@ struct Replayer<'o> {
     early: Option<PurgeInProgress>,
     /// Lazy areas the model held when it purged early: its unaligned prediction of `npurged`.
     early_lazy_before: Option<usize>,
+    /// Frees since the last purge of areas the model does not hold (module and BPF JIT ranges,
+    /// other windows). The kernel puts them on its lazy lists like any other, so its next
+    /// purge counts them in `npurged`.
+    foreign_lazy: u32,
     early_purges: u64,
     /// The model's pool entries the kernel's last pool pick skipped: `(node, size, entries)`.
     pool_skip: Option<(u32, u64, Vec<u64>)>,
@@ -743,6 +741,7 @@ impl<'o> Replayer<'o> {
             drain_pending: false,
             early: None,
             early_lazy_before: None,
+            foreign_lazy: 0,
             early_purges: 0,
             work_starts: 0,
             next_item: None,
@@ -1229,6 +1228,7 @@ impl<'o> Replayer<'o> {
         let addr = f.va_start.0;
         if self.outside.remove(&addr).is_some() {
             self.tally.free_out_of_model += 1;
+            self.foreign_lazy = self.foreign_lazy.saturating_add(1);
             return Ok(());
         }
         if self.model.busy().get(&addr).is_none() {
@@ -1384,9 +1384,13 @@ impl<'o> Replayer<'o> {
             }
             None => self.drain_work.purges_without_work += 1,
         }
-        let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before);
+        // Areas outside the model were on the kernel's lazy lists too: they are part of its
+        // count, and not of the model's batch.
+        let foreign = std::mem::take(&mut self.foreign_lazy);
+        let in_model = p.npurged.saturating_sub(foreign);
+        let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;
         if let (Some(d), Some(at_start)) = (self.detach.take(), self.start_lazy.take()) {
-            if let Some(joined) = (p.npurged as usize).checked_sub(at_start) {
+            if let Some(joined) = (in_model as usize).checked_sub(at_start) {
                 let nodes = self.model.params().layout.nr_nodes();
                 self.step_fit
                     .observe(&d, nodes, self.opts, &self.detach_frees, joined);
@@ -1398,14 +1402,14 @@ impl<'o> Replayer<'o> {
         self.recent_frees.clear();
         let mut got = match early {
             Some(early) if !full => early,
-            _ => self.model.purge_oldest(full, p.npurged as usize),
+            _ => self.model.purge_oldest(full, in_model as usize),
         };
-        if got.npurged < p.npurged {
+        if got.npurged < in_model {
             // The batch came out smaller than the kernel's: a free that was to join it went to
             // a node already purged. The oldest lazy areas make up the count.
             let more = self
                 .model
-                .purge_late_oldest((p.npurged - got.npurged) as usize);
+                .purge_late_oldest((in_model - got.npurged) as usize);
             self.late_purged += u64::from(more.npurged);
             got.npurged += more.npurged;
             got.pages += more.pages;
@@ -2011,6 +2015,7 @@ mod tests {
 
     #[test]
     fn the_vmalloc_base_tells_the_paging_mode() {
+        let five_level = Params::five_level_base;
         assert!(!five_level(0xffff_c900_0000_0000), "4-level base");
         assert!(
             five_level(0xffa0_0000_0000_0000),

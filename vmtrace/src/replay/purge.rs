@@ -46,7 +46,9 @@ impl<'o> Replayer<'o> {
         self.detach_frees.clear();
         self.detach = Some(d);
         self.early_is_split = false;
-        let limit = ahead.next_npurged().map(|n| n as usize);
+        let limit = ahead
+            .next_npurged()
+            .map(|n| n.saturating_sub(self.foreign_lazy) as usize);
         // Every node's decay follows the kernel's clock (`decay_due`): its pools are cut right
         // after the previous node's detach (node 0: at the start), and the cut entries reach
         // the free tree at its own detach. On the 20 s traces of 1 Dec, placement after warm-up
@@ -301,7 +303,9 @@ impl<'o> Replayer<'o> {
         }
         self.early_lazy_before = Some(self.model.lazy().objects());
         self.early_is_split = false;
-        let limit = ahead.next_npurged().map(|n| n as usize);
+        let limit = ahead
+            .next_npurged()
+            .map(|n| n.saturating_sub(self.foreign_lazy) as usize);
         self.early = Some(self.model.purge_start(false, limit));
         self.early_purges += 1;
         true
