@@ -13,6 +13,7 @@ mod elf;
 mod run;
 mod setup;
 mod test;
+mod test_vmalloc;
 mod testbox;
 
 use std::process::ExitCode;

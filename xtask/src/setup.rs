@@ -37,6 +37,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", "the test box guest's userland"),
     ("cpio", "packing the test box initramfs"),
     ("xz-utils", "unpacking the test box kernel's modules"),
+    (
+        "debootstrap",
+        "the build root for the test box's test_vmalloc module",
+    ),
 ];
 
 /// Runs every setup check, installing whatever is missing.

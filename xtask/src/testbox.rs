@@ -104,6 +104,11 @@ pub struct TestboxArgs {
     /// More executables to put on the guest's PATH (with the shared libraries they need).
     #[arg(long = "bin", value_name = "PATH")]
     pub bins: Vec<PathBuf>,
+    /// Build the kernel's own `lib/test_vmalloc.c` for the guest kernel (once; cached) and put
+    /// it in the guest as /lib/test_vmalloc.ko, to load as test_vmalloc.sh does:
+    /// `insmod /lib/test_vmalloc.ko run_test_mask=7 nr_threads=4`. Needs root (chroot).
+    #[arg(long)]
+    pub test_vmalloc: bool,
     /// Extra kernel command-line arguments.
     #[arg(long, default_value = "")]
     pub append: String,
@@ -146,7 +151,12 @@ pub fn testbox(args: &TestboxArgs) -> Result<ExitCode> {
     };
     let mut bins = vec![vmtrace];
     bins.extend(args.bins.iter().cloned());
-    let initramfs = build_initramfs(&work, &kernel, &bins, &command)?;
+    let test_module = if args.test_vmalloc {
+        Some(crate::test_vmalloc::ensure_module(&spec, &kernel)?)
+    } else {
+        None
+    };
+    let initramfs = build_initramfs(&work, &kernel, &bins, test_module.as_deref(), &command)?;
     let guest = Guest {
         kernel: &kernel,
         initramfs: &initramfs,
@@ -355,12 +365,12 @@ fn resolve_modules(
 
 /// A private apt configuration: its own source list, lists and archive cache, so fetching a
 /// package of another suite changes nothing in the host's apt state.
-struct PrivateApt {
+pub struct PrivateApt {
     root: PathBuf,
 }
 
 impl PrivateApt {
-    fn new(suite: &str) -> Result<Self> {
+    pub fn new(suite: &str) -> Result<Self> {
         let root = cache_dir().join("apt").join(suite);
         for sub in ["lists/partial", "archives/partial", "parts"] {
             fs::create_dir_all(root.join(sub))
@@ -375,7 +385,12 @@ impl PrivateApt {
         Ok(PrivateApt { root })
     }
 
-    fn command(&self, program: &str) -> Command {
+    /// Where downloaded packages land.
+    pub fn archives(&self) -> PathBuf {
+        self.root.join("archives")
+    }
+
+    pub fn command(&self, program: &str) -> Command {
         let mut c = Command::new(program);
         let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
         c.args([
@@ -402,7 +417,7 @@ impl PrivateApt {
 
 /// The Debian mirror and key the host's apt already uses, from its deb822 `.sources` files or
 /// one-line `.list` files: the first `…/debian` URI (not the security archive).
-fn host_debian_mirror() -> Result<(String, Option<String>)> {
+pub fn host_debian_mirror() -> Result<(String, Option<String>)> {
     let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
     if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
         let mut parts: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -632,6 +647,7 @@ fn build_initramfs(
     work: &Path,
     kernel: &Kernel,
     bins: &[PathBuf],
+    test_module: Option<&Path>,
     command: &[String],
 ) -> Result<PathBuf> {
     let root = work.join("initramfs");
@@ -672,6 +688,10 @@ fn build_initramfs(
             root.join("lib/testbox")
                 .join(format!("{i:02}-{}", name.to_string_lossy())),
         )?;
+    }
+    if let Some(module) = test_module {
+        // Not in lib/testbox: init loads those at boot, and this one runs its tests on load.
+        fs::copy(module, root.join("lib/test_vmalloc.ko"))?;
     }
     fs::write(root.join("etc/passwd"), "root:x:0:0:root:/tmp:/bin/sh\n")?;
     fs::write(root.join("etc/group"), "root:x:0:\n")?;
