@@ -258,7 +258,15 @@ pub fn free_run<R: BufRead>(
             Record::Alloc(a) => {
                 run.due(a.ctx.ts_ns);
                 if a.failed == 0 && a.vstart.0 >= vstart && a.vend.0 <= vend {
-                    run.view.observe_alloc(a.addr.0 + a.size - vstart);
+                    // A damaged record may put the area below the range it names.
+                    if let Some(top) = a
+                        .addr
+                        .0
+                        .checked_add(a.size)
+                        .and_then(|e| e.checked_sub(vstart))
+                    {
+                        run.view.observe_alloc(top);
+                    }
                     run.alloc(&a)?;
                 }
                 run.des.advance(a.ctx.ts_ns);
