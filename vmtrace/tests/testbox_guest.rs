@@ -260,9 +260,10 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
             );
             eprintln!("  divergence classes: {}", r["divergence_classes"]);
             // Measured in this guest over 4 and 8 nodes (docs/testbox.md): placement after
-            // warm-up 97.5-99.9 %, nr_lazy 93.9-100 %, npurged 90-100 %. random-size replayed
-            // at 36.6 % before the model took the pre-6.16 decay rule from the release, and
-            // npurged was 83-91 % before areas outside the model counted in it. The low
+            // warm-up 97.5-99.9 %, nr_lazy 93.9-100 %, npurged 90-100 % (one purge in 30 is
+            // 3.3 points). random-size replayed at 36.6 % before the model took the pre-6.16
+            // decay rule from the release, and npurged was 83-91 % before areas outside the
+            // model counted in it. The low
             // nr_lazy runs (8 nodes, random-size) come from a few allocations the replay
             // leaves outside the model after a batch reconciliation: their pages are in the
             // kernel's backlog and not in the model's until the next purge.
@@ -275,7 +276,7 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
                 "{cpus} nodes {name}: nr_lazy {nr_lazy:.2} %"
             );
             assert!(
-                npurged >= 85.0,
+                npurged >= 80.0,
                 "{cpus} nodes {name}: npurged {npurged:.2} %"
             );
         }
