@@ -37,12 +37,14 @@ fn xtask() -> Option<PathBuf> {
     }
 }
 
-/// Boots the guest with `cpus` vCPUs and the given paging mode, runs `script` in `dir` (the
-/// guest's working directory) and asserts it exited 0.
-fn guest(xtask: &Path, dir: &Path, cpus: u32, paging: u8, script: &str) {
+/// Boots the guest with `cpus` vCPUs, the given paging mode and any `extra` testbox flags,
+/// runs `script` in `dir` (the guest's working directory) and asserts it exited 0.
+fn guest(xtask: &Path, dir: &Path, cpus: u32, paging: u8, extra: &[&str], script: &str) {
     std::fs::write(dir.join("run.sh"), script).unwrap();
     let status = Command::new(xtask)
-        .args(["testbox", "--vmtrace", VMTRACE, "--out"])
+        .args(["testbox", "--vmtrace", VMTRACE])
+        .args(extra)
+        .arg("--out")
         .arg(dir)
         .arg("--console")
         .arg(dir.join("console.log"))
@@ -152,6 +154,7 @@ fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
         &dir,
         4,
         5,
+        &[],
         "vmtrace probes --json > probes.json\n\
          VMTRACE_MAX_RUNG=kprobe vmtrace probes --json > probes-kprobe.json\n\
          vmtrace record -q --probes all -o fentry.jsonl -- vmtrace stress fix-size --threads 4 --duration 5s > /dev/null\n\
@@ -228,6 +231,7 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
             &dir,
             cpus,
             paging,
+            &[],
             &format!(
                 "vmtrace record -q -o fix.jsonl -- vmtrace stress fix-size --threads {cpus} --duration 6s > /dev/null\n\
                  vmtrace record -q -o random.jsonl -- vmtrace stress random-size --threads {cpus} --duration 6s > /dev/null\n\
@@ -252,13 +256,8 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
                 paging == 5,
                 "VMALLOC base {start:#x}"
             );
-            let warm = pct(&r, "placement_after_warmup");
-            let nr_lazy = pct(&r, "nr_lazy");
-            let npurged = pct(&r, "npurged");
-            eprintln!(
-                "{cpus} nodes, {paging}-level, {name}: placement after warm-up {warm:.2} %, nr_lazy {nr_lazy:.2} %, npurged {npurged:.2} %"
-            );
-            eprintln!("  divergence classes: {}", r["divergence_classes"]);
+            let (warm, nr_lazy, npurged) =
+                figures(&r, &format!("{cpus} nodes, {paging}-level, {name}"));
             // Measured in this guest over 4 and 8 nodes (docs/testbox.md): placement after
             // warm-up 97.5-99.9 %, nr_lazy 93.9-100 %, npurged 90-100 % (one purge in 30 is
             // 3.3 points). random-size replayed at 36.6 % before the model took the pre-6.16
@@ -283,20 +282,31 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
     }
 }
 
-/// Allocations of each size in a trace.
-fn sizes(trace: &Path) -> std::collections::BTreeMap<u64, u64> {
+/// Allocations of each size in a trace, counting only tasks whose comm starts with `comm`
+/// (the module's kthreads share the guest with vmtrace's own allocations).
+fn sizes(trace: &Path, comm: &str) -> std::collections::BTreeMap<u64, u64> {
     let text = std::fs::read_to_string(trace).unwrap();
     let mut by_size = std::collections::BTreeMap::new();
     for line in text.lines().filter(|l| l.contains("\"type\":\"alloc\"")) {
         let v: Value = serde_json::from_str(line).unwrap();
-        if v["comm"]
-            .as_str()
-            .is_some_and(|c| c.starts_with("vmalloc_test"))
-        {
+        if v["comm"].as_str().unwrap_or("").starts_with(comm) {
             *by_size.entry(v["size"].as_u64().unwrap()).or_insert(0) += 1;
         }
     }
     by_size
+}
+
+/// The three replay figures every guest test prints and bounds: placement after warm-up,
+/// `nr_lazy` and `npurged` agreement, in percent, printed under `label`.
+fn figures(r: &Value, label: &str) -> (f64, f64, f64) {
+    let warm = pct(r, "placement_after_warmup");
+    let nr_lazy = pct(r, "nr_lazy");
+    let npurged = pct(r, "npurged");
+    eprintln!(
+        "{label}: placement after warm-up {warm:.2} %, nr_lazy {nr_lazy:.2} %, npurged {npurged:.2} %"
+    );
+    eprintln!("  divergence classes: {}", r["divergence_classes"]);
+    (warm, nr_lazy, npurged)
 }
 
 /// The kernel's own `lib/test_vmalloc.c`, built for the guest kernel (`--test-vmalloc`) and
@@ -306,29 +316,17 @@ fn sizes(trace: &Path) -> std::collections::BTreeMap<u64, u64> {
 fn the_real_test_vmalloc_module_records_replays_and_matches_synth() {
     let Some(xtask) = xtask() else { return };
     let dir = run_dir("test-vmalloc");
-    std::fs::write(
-        dir.join("run.sh"),
+    guest(
+        &xtask,
+        &dir,
+        4,
+        5,
+        &["--test-vmalloc", "--mem", "3G"],
         // The module returns -EAGAIN once its tests ran, so insmod "fails" by design.
         "vmtrace record -q --probes none --ring-mib 512 -o mask7.jsonl -- \
          insmod /lib/test_vmalloc.ko run_test_mask=7 nr_threads=4 test_loop_count=500 || true\n\
          dmesg | grep -c 'Summary:' > summaries.txt\n",
-    )
-    .unwrap();
-    let status = Command::new(&xtask)
-        .args(["testbox", "--test-vmalloc", "--vmtrace", VMTRACE, "--out"])
-        .arg(&dir)
-        .arg("--console")
-        .arg(dir.join("console.log"))
-        .args(["--cpus", "4", "--mem", "3G", "--timeout", "600"])
-        .args(["--", "sh", "-e", "run.sh"])
-        .status()
-        .expect("cannot run the xtask binary");
-    assert!(
-        status.success(),
-        "the guest failed ({status}); see {}",
-        dir.display()
     );
-
     let trace = dir.join("mask7.jsonl");
     let (_, footer) = census(&trace);
     assert_eq!(footer["lost_total"].as_u64(), Some(0), "lost events");
@@ -346,7 +344,7 @@ fn the_real_test_vmalloc_module_records_replays_and_matches_synth() {
     );
     let loads = summaries / 12;
 
-    let real = sizes(&trace);
+    let real = sizes(&trace, "vmalloc_test");
     let synth_trace = dir.join("synth.jsonl");
     let out = Command::new(VMTRACE)
         .args([
@@ -369,12 +367,7 @@ fn the_real_test_vmalloc_module_records_replays_and_matches_synth() {
         "synth failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = std::fs::read_to_string(&synth_trace).unwrap();
-    let mut synth = std::collections::BTreeMap::new();
-    for line in text.lines().filter(|l| l.contains("\"type\":\"alloc\"")) {
-        let v: Value = serde_json::from_str(line).unwrap();
-        *synth.entry(v["size"].as_u64().unwrap()).or_insert(0u64) += 1;
-    }
+    let synth = sizes(&synth_trace, "");
     eprintln!("{loads} load(s); module allocations by size {real:?}; synth {synth:?}");
     // The test loops' own sizes: one page (fix_size with nr_pages 1, full_fit's pairs and
     // churn, long_busy_list's list and churn) and long_busy_list's 100 pages, plus a guard page.
@@ -388,13 +381,7 @@ fn the_real_test_vmalloc_module_records_replays_and_matches_synth() {
 
     let r = replay(&trace);
     assert_eq!(r["nodes"].as_u64(), Some(4));
-    let warm = pct(&r, "placement_after_warmup");
-    let nr_lazy = pct(&r, "nr_lazy");
-    let npurged = pct(&r, "npurged");
-    eprintln!(
-        "test_vmalloc mask 7: placement after warm-up {warm:.2} %, nr_lazy {nr_lazy:.2} %, npurged {npurged:.2} %"
-    );
-    eprintln!("  divergence classes: {}", r["divergence_classes"]);
+    let (warm, nr_lazy, _) = figures(&r, "test_vmalloc mask 7");
     // Measured: 87.8 / 96.2 / 33.0 % (docs/testbox.md). In-kernel threads allocate far faster
     // than the user-space stress, and most purges race frees; npurged has no floor yet.
     assert!(warm >= 80.0, "placement after warm-up {warm:.2} %");
