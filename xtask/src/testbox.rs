@@ -792,7 +792,37 @@ impl Guest<'_> {
     }
 
     /// Boots, waits, and returns the command's exit status.
+    ///
+    /// A guest whose kernel dies before its init runs has not run anything of ours: under TCG
+    /// the 6.12 guest very occasionally takes a fatal exception in an interrupt while its CPUs
+    /// come up (seen once in CI, a NULL dereference on a secondary CPU at 2.8 s). Such a boot
+    /// is tried again, at most `BOOT_TRIES` times in all, and each failed boot is said loudly
+    /// and its console log kept beside the new one. Anything that goes wrong after the init has
+    /// started is the guest's own result and is never retried.
     fn run(&self) -> Result<i32> {
+        for attempt in 1..=BOOT_TRIES {
+            match self.boot()? {
+                Boot::Finished(status) => return Ok(status),
+                Boot::DiedBeforeInit(why) if attempt < BOOT_TRIES => {
+                    let kept = self.console.with_extension(format!("boot{attempt}.log"));
+                    fs::rename(self.console, &kept).ok();
+                    eprintln!(
+                        "testbox: WARNING: the guest kernel died before its init ({why}); its console log is kept in {}; booting again (try {} of {BOOT_TRIES})",
+                        kept.display(),
+                        attempt + 1
+                    );
+                }
+                Boot::DiedBeforeInit(why) => bail!(
+                    "the guest kernel died before its init on all {BOOT_TRIES} tries; the last ({why}) ends its console log {}:\n{}",
+                    self.console.display(),
+                    console_tail(self.console)
+                ),
+            }
+        }
+        unreachable!("the loop returns or bails on its last try")
+    }
+
+    fn boot(&self) -> Result<Boot> {
         fs::create_dir_all(self.out)
             .with_context(|| format!("cannot create {}", self.out.display()))?;
         if let Some(parent) = self.console.parent() {
@@ -846,6 +876,12 @@ impl Guest<'_> {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
+        if !booted && !self.out.join(BOOTED_MARKER).exists() {
+            return Ok(Boot::DiedBeforeInit(format!(
+                "qemu ended ({exit}) after {:.1} s",
+                started.elapsed().as_secs_f64()
+            )));
+        }
         let status_file = self.out.join(STATUS_MARKER);
         let Ok(text) = fs::read_to_string(&status_file) else {
             bail!(
@@ -863,8 +899,19 @@ impl Guest<'_> {
             "testbox: the command exited with {status} after {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        Ok(status)
+        Ok(Boot::Finished(status))
     }
+}
+
+/// How many times a guest that dies before its init is booted in all.
+const BOOT_TRIES: u32 = 3;
+
+/// How one boot ended.
+enum Boot {
+    /// The init ran the command, which exited with this status.
+    Finished(i32),
+    /// QEMU ended before the init wrote its marker: the kernel panicked or stopped in boot.
+    DiedBeforeInit(String),
 }
 
 fn console_tail(path: &Path) -> String {
