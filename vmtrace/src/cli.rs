@@ -147,6 +147,13 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub strict: bool,
 
+    /// Replay causally only: read no record ahead and score every event before using it, so
+    /// that every figure is a strict one (see "Strict and explained figures" in
+    /// docs/model.md). Without it the strict figures are still computed, beside the explained
+    /// ones, in the same read of the trace.
+    #[arg(long)]
+    pub causal: bool,
+
     /// What-if: number of vmap nodes instead of the trace header's (the zone size follows the
     /// kernel's rule: 16 pages, or 1 byte for a single node).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=128))]

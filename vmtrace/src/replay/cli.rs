@@ -93,6 +93,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
         detach_delay_ns: u64::try_from(args.detach_delay.as_nanos()).unwrap_or(u64::MAX),
         detach_step_ns: u64::try_from(args.detach_node_step.as_nanos()).unwrap_or(u64::MAX),
         fit_detach_step: !args.no_detach_fit,
+        causal: args.causal,
     };
     let context = |variant: Variant, mode: &str| {
         format!(

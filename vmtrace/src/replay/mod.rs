@@ -71,6 +71,11 @@ pub struct ReplayOptions {
     /// Refit the step between two nodes' detaches to the trace, from the purges already seen
     /// (see `replay::detach::StepFit` and docs/model.md).
     pub fit_detach_step: bool,
+    /// Replay causally only: no record after the current one is read and no event's own
+    /// address or backlog is used before it is scored, so the explained figures are the strict
+    /// ones. Without it a replay runs the causal pass beside the explained one, in the same
+    /// read, for [`Report::strict`].
+    pub causal: bool,
 }
 
 /// The default of [`ReplayOptions::detach_delay_ns`], with [`DEFAULT_DETACH_STEP_NS`]: the
@@ -93,6 +98,7 @@ impl Default for ReplayOptions {
             detach_delay_ns: DEFAULT_DETACH_DELAY_NS,
             detach_step_ns: DEFAULT_DETACH_STEP_NS,
             fit_detach_step: true,
+            causal: false,
         }
     }
 }
@@ -118,6 +124,19 @@ pub enum ReplayError {
 pub struct Agreement {
     pub compared: u64,
     pub agreed: u64,
+}
+
+/// The strict figures (docs/model.md, "Strict and explained figures").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Strict {
+    /// The model's first prediction, from the state earlier records built, before the
+    /// allocation's own address is used for anything.
+    pub placement: Agreement,
+    pub placement_after_warmup: Agreement,
+    /// The model's backlog after the free, by exact equality, before anything adjusts it.
+    pub nr_lazy: Agreement,
+    /// Every lazy area the model holds when the purge event arrives, with nothing read ahead.
+    pub npurged: Agreement,
 }
 
 impl Agreement {
@@ -207,6 +226,14 @@ pub struct PageTableGrowth {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub variant: Variant,
+    /// Figures no later record can help: from a replay that reads nothing ahead and scores each
+    /// event before using it. The figures below are the explained ones; the counters after
+    /// them say how often each rule intervened.
+    pub strict: Strict,
+    /// Whether the whole replay was the causal one (`--causal`): then the figures below are
+    /// strict too, and the rules' counters say how causal resync used each event after its
+    /// score.
+    pub causal: bool,
     pub nodes: u32,
     pub zone_size: u64,
     pub lazy_max_pages: u64,
@@ -569,16 +596,37 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
         params,
         ..
     } = open(input, opts)?;
-    let mut r = Replayer::new(Model::new(params)?, opts);
-    r.seed(&snapshot);
+    let mut causal = Replayer::new(Model::new(params.clone())?, opts);
+    causal.causal = true;
+    causal.seed(&snapshot);
+    let mut explained = if opts.causal {
+        None
+    } else {
+        let mut r = Replayer::new(Model::new(params)?, opts);
+        r.seed(&snapshot);
+        Some(r)
+    };
     let mut ahead = Lookahead::new(reader);
     while let Some(rec) = ahead.next_record() {
         let rec = rec?;
-        r.line = ahead.line();
-        r.event(rec, &ahead)?;
+        if let Some(r) = explained.as_mut() {
+            r.line = ahead.line();
+            r.event(rec.clone(), &ahead)?;
+        }
+        causal.line = ahead.line();
+        causal.event(rec, &lookahead::Blind)?;
     }
-    r.tally.lines = ahead.lines_read();
-    Ok(r.finish())
+    causal.tally.lines = ahead.lines_read();
+    let strict = causal.strict();
+    let mut report = match explained {
+        Some(mut r) => {
+            r.tally.lines = ahead.lines_read();
+            r.finish()
+        }
+        None => causal.finish(),
+    };
+    report.strict = strict;
+    Ok(report)
 }
 
 struct Replayer<'o> {
@@ -714,7 +762,12 @@ struct Replayer<'o> {
     failures: Agreement,
     nr_lazy: Agreement,
     nr_lazy_warm: Agreement,
+    /// Each free's backlog against the model's before any rule adjusts the model for it.
+    nr_lazy_exact: Agreement,
     npurged: Agreement,
+    /// Reads nothing ahead (it is given [`lookahead::Blind`]) and uses an allocation's own
+    /// address only after scoring it: the replay the strict figures come from.
+    causal: bool,
     purges: Vec<PurgeCheck>,
     classes: BTreeMap<&'static str, u64>,
     divergences: Vec<Divergence>,
@@ -801,6 +854,8 @@ impl<'o> Replayer<'o> {
             failures: Agreement::default(),
             nr_lazy: Agreement::default(),
             nr_lazy_warm: Agreement::default(),
+            nr_lazy_exact: Agreement::default(),
+            causal: opts.causal,
             npurged: Agreement::default(),
             purges: Vec::new(),
             classes: BTreeMap::new(),
@@ -1039,10 +1094,9 @@ impl<'o> Replayer<'o> {
         if let Some(n) = self.obs_per_node.get_mut(node) {
             *n += 1;
         }
-        if (self.drain_pending || self.early.is_some())
-            && self.early_open()
-            && self.lazy_overlaps(addr, size)
-        {
+        // The kernel's address inside a lazy area shows a purge had started there. The
+        // causal replay scores the model's prediction first and purges only to resync.
+        if !self.causal && self.reuse_shows_purge(addr, size) {
             self.purge_early_reused(ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
@@ -1073,6 +1127,9 @@ impl<'o> Replayer<'o> {
         }
         if let Some(g) = &pred_addr {
             let _ = self.model.undo_alloc(g);
+        }
+        if self.causal && self.reuse_shows_purge(addr, size) {
+            self.purge_early_reused(ahead);
         }
         if let Some(c) = context.as_mut() {
             self.fill_lowest(c, size);
@@ -1242,6 +1299,10 @@ impl<'o> Replayer<'o> {
             );
         }
         self.tally.free += 1;
+        let own_pages =
+            self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
+        let strict_ok = self.model.lazy_pages() + own_pages == f.nr_lazy;
+        self.nr_lazy_exact.add(strict_ok);
         // Nodes purged on a reuse keep their pages in the backlog until the kernel's subtraction
         // shows (`Model::defer_subtraction`), even once every node is purged: without this the
         // drop went unseen until the purge event, and every free in between disagreed (1 Dec
@@ -1310,12 +1371,19 @@ impl<'o> Replayer<'o> {
         // too (3 of the 7 `nr_lazy` misses left on fix-size and random-size).
         let pages = got.size / self.model.params().page_size;
         let since = self.since_purge.take();
-        let ok = exact
-            || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead, ADD_ORDER_SPAN)
-            || since.as_deref().is_some_and(|s| {
-                self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy, s)
-                    || self.added_before_across_purge(f.nr_lazy, got.nr_lazy, pages, ahead)
-            });
+        // The causal replay counts exact agreement only: every figure it gives is strict.
+        // The causal replay scores the free before the rules above adjusted the model for it,
+        // and by exact agreement only: every figure it gives is strict.
+        let ok = if self.causal {
+            strict_ok
+        } else {
+            exact
+                || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead, ADD_ORDER_SPAN)
+                || since.as_deref().is_some_and(|s| {
+                    self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy, s)
+                        || self.added_before_across_purge(f.nr_lazy, got.nr_lazy, pages, ahead)
+                })
+        };
         if let Some(mut s) = since.filter(|s| s.len() + 1 < SINCE_PURGE_SPAN) {
             s.push((f.nr_lazy, pages));
             self.since_purge = Some(s);
@@ -1874,9 +1942,21 @@ impl<'o> Replayer<'o> {
         }
     }
 
+    /// The strict figures, meaningful when this replayer is the causal one.
+    fn strict(&self) -> Strict {
+        Strict {
+            placement: self.placement,
+            placement_after_warmup: self.placement_warm,
+            nr_lazy: self.nr_lazy_exact,
+            npurged: self.npurged,
+        }
+    }
+
     fn finish(self) -> Report {
         let p = self.model.params();
         Report {
+            strict: self.strict(),
+            causal: self.causal,
             variant: p.variant,
             nodes: p.layout.nr_nodes(),
             zone_size: p.layout.zone_size(),

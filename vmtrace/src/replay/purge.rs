@@ -284,6 +284,14 @@ impl<'o> Replayer<'o> {
         self.early.as_ref().is_none_or(|e| !e.is_done())
     }
 
+    /// Whether an allocation at `addr` shows a pending purge already at work in the kernel:
+    /// it reuses a range the model still holds lazy.
+    pub(super) fn reuse_shows_purge(&self, addr: u64, size: u64) -> bool {
+        (self.drain_pending || self.early.is_some())
+            && self.early_open()
+            && self.lazy_overlaps(addr, size)
+    }
+
     /// The trace showed a pending purge's effect before its event: start it now (decay, fix
     /// every node's batch), unless the drain item that runs the coming purge event is known
     /// (read ahead) and has not started yet. Then the kernel has not purged: the lower backlog

@@ -42,12 +42,33 @@ pub fn render_text(r: &Report) -> String {
         "events replayed: {} alloc ({} failed attempts), {} free, {} purge; out of model (other windows): {} alloc, {} free",
         e.alloc, e.alloc_failed, e.free, e.purge, e.alloc_out_of_model, e.free_out_of_model
     );
-    let _ = writeln!(o, "\nfidelity (observed timing)");
-    let _ = writeln!(o, "  placement, all           {}", agreement(&r.placement));
     let warm = match r.warmup_line {
         Some(l) => format!("after warm-up (line {l})"),
         None => "after warm-up (never)".into(),
     };
+    let t = &r.strict;
+    let _ = writeln!(
+        o,
+        "\nfidelity, strict (nothing read ahead; each event scored before it is used)"
+    );
+    let _ = writeln!(o, "  placement, all           {}", agreement(&t.placement));
+    let _ = writeln!(
+        o,
+        "  placement, after warm-up {}",
+        agreement(&t.placement_after_warmup)
+    );
+    let _ = writeln!(o, "  nr_lazy per free, exact  {}", agreement(&t.nr_lazy));
+    let _ = writeln!(o, "  npurged per purge        {}", agreement(&t.npurged));
+    let _ = writeln!(
+        o,
+        "\n{}",
+        if r.causal {
+            "fidelity, causal replay (--causal: nothing read ahead, so these are strict too)"
+        } else {
+            "fidelity, explained (observed timing; read-ahead and the rules counted below may help)"
+        }
+    );
+    let _ = writeln!(o, "  placement, all           {}", agreement(&r.placement));
     let _ = writeln!(
         o,
         "  placement, {warm:<13} {}",

@@ -160,6 +160,10 @@ pub fn top_callers(snap: &VmallocSnapshot, n: usize) -> Vec<Caller> {
 pub struct ModelView {
     /// Where the figures come from, e.g. "whole-trace replay, nodes variant".
     pub scope: String,
+    /// The strict figures (nothing read ahead), shown before the explained ones.
+    pub strict_placement_pct: f64,
+    pub strict_nr_lazy_pct: f64,
+    pub strict_npurged_pct: f64,
     pub placement_pct: f64,
     pub placement_compared: u64,
     pub nr_lazy_pct: f64,

@@ -53,7 +53,7 @@ pub fn frame(f: &mut Frame, app: &App) {
         let [left, right] = Layout::horizontal([Constraint::Percentage(50); 2]).areas(rows[3]);
         panel(f, left, app, Panel::Callers);
         let [locks, model] =
-            Layout::vertical([Constraint::Fill(1), Constraint::Length(7)]).areas(right);
+            Layout::vertical([Constraint::Fill(1), Constraint::Length(8)]).areas(right);
         panel(f, locks, app, Panel::Locks);
         panel(f, model, app, Panel::Model);
     }
@@ -412,12 +412,16 @@ pub fn model(f: &mut Frame, area: Rect, app: &App) {
         Err(why) => vec![Line::from(format!("n/a: {why}"))],
         Ok(m) => vec![
             Line::from(format!(
-                "placement {:.1}% of {}",
-                m.placement_pct, m.placement_compared
+                "placement strict {:.1}%  explained {:.1}% ({})",
+                m.strict_placement_pct, m.placement_pct, m.placement_compared
             )),
             Line::from(format!(
-                "nr_lazy {:.1}%  npurged {:.1}%",
-                m.nr_lazy_pct, m.npurged_pct
+                "nr_lazy   strict {:.1}%  explained {:.1}%",
+                m.strict_nr_lazy_pct, m.nr_lazy_pct
+            )),
+            Line::from(format!(
+                "npurged   strict {:.1}%  explained {:.1}%",
+                m.strict_npurged_pct, m.npurged_pct
             )),
             Line::from(format!("high-water model  {}", m.predicted_high_water)),
             Line::from(format!("high-water kernel {}", m.observed_high_water)),

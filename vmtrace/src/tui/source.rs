@@ -111,6 +111,9 @@ fn model_of(spec: &ReplaySpec) -> Result<ModelView, String> {
     };
     Ok(ModelView {
         scope: format!("whole trace, {} variant", r.variant.name()),
+        strict_placement_pct: r.strict.placement.percent(),
+        strict_nr_lazy_pct: r.strict.nr_lazy.percent(),
+        strict_npurged_pct: r.strict.npurged.percent(),
         placement_pct: r.placement.percent(),
         placement_compared: r.placement.compared,
         nr_lazy_pct: r.nr_lazy.percent(),

@@ -152,6 +152,9 @@ fn fixed_app() -> App {
     }));
     app.handle(Event::Model(Ok(ModelView {
         scope: "whole trace, nodes variant".into(),
+        strict_placement_pct: 91.5,
+        strict_nr_lazy_pct: 80.0,
+        strict_npurged_pct: 25.0,
         placement_pct: 97.5,
         placement_compared: 200,
         nr_lazy_pct: 100.0,
@@ -303,7 +306,7 @@ panel_snapshot!(render_footprint, Panel::Footprint, 50, 7);
 panel_snapshot!(render_page_tables, Panel::PageTables, 50, 6);
 panel_snapshot!(render_locks, Panel::Locks, 50, 4);
 panel_snapshot!(render_callers, Panel::Callers, 50, 4);
-panel_snapshot!(render_model, Panel::Model, 50, 7);
+panel_snapshot!(render_model, Panel::Model, 50, 8);
 
 #[test]
 fn render_whole_screen_header_and_banner() {
