@@ -273,6 +273,9 @@ pub struct Report {
     /// Purges whose batch swapped one area for another of a different size so that the backlog
     /// after the purge matches the kernel's (`Replayer::reconcile_batch`).
     pub batches_reconciled: u64,
+    /// Areas the causal replay gave back to the lazy lists after a purge event showed its
+    /// batch larger than the kernel's (`Replayer::give_back_newest`).
+    pub batch_areas_given_back: u64,
     /// Purges whose batch, when no single swap made the backlog after it match the kernel's,
     /// moved the node split instead: the newest areas of one node's batch back to lazy and as
     /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
@@ -765,6 +768,8 @@ struct Replayer<'o> {
     /// Each free's backlog against the model's before any rule adjusts the model for it.
     nr_lazy_exact: Agreement,
     npurged: Agreement,
+    /// Areas [`Replayer::give_back_newest`] returned to the lazy lists.
+    batch_given_back: u64,
     /// Reads nothing ahead (it is given [`lookahead::Blind`]) and uses an allocation's own
     /// address only after scoring it: the replay the strict figures come from.
     causal: bool,
@@ -855,6 +860,7 @@ impl<'o> Replayer<'o> {
             nr_lazy: Agreement::default(),
             nr_lazy_warm: Agreement::default(),
             nr_lazy_exact: Agreement::default(),
+            batch_given_back: 0,
             causal: opts.causal,
             npurged: Agreement::default(),
             purges: Vec::new(),
@@ -1485,6 +1491,10 @@ impl<'o> Replayer<'o> {
             got.to_free_tree += more.to_free_tree;
             got.batch.extend(more.batch);
         }
+        if self.causal && got.npurged > in_model {
+            let excess = got.npurged - in_model;
+            self.give_back_newest(&mut got, excess);
+        }
         if !full {
             self.reconcile_batch(&mut got, ahead);
         }
@@ -1952,6 +1962,26 @@ impl<'o> Replayer<'o> {
         }
     }
 
+    /// Causal resync after an `npurged` miss where the model's batch was larger than the
+    /// kernel's: a purge the causal replay could only start at the first event that showed it
+    /// took the frees that raced the kernel's detach, which the kernel left for its next batch.
+    /// The `excess` newest areas of the batch go back to the lazy lists; without this the
+    /// model's backlog stays that many areas below the kernel's until the next purge (on a
+    /// 20 s fix-size recording, one or two 18-page areas on 1163 of 1398 intervals).
+    fn give_back_newest(&mut self, got: &mut crate::model::Purged, excess: u32) {
+        let page = self.model.params().page_size;
+        let mut newest = got.batch.clone();
+        newest.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
+        for b in newest.iter().take(excess as usize) {
+            if self.model.unpurge(b) {
+                got.batch.retain(|x| x.addr != b.addr);
+                got.npurged -= 1;
+                got.pages = got.pages.saturating_sub(b.area.size / page);
+                self.batch_given_back += 1;
+            }
+        }
+    }
+
     fn finish(self) -> Report {
         let p = self.model.params();
         Report {
@@ -1995,6 +2025,7 @@ impl<'o> Replayer<'o> {
             early_purges: self.early_purges,
             purges_started_at_work: self.work_starts,
             batches_reconciled: self.reconciled,
+            batch_areas_given_back: self.batch_given_back,
             batches_shifted: self.shifted,
             detach_step_fitted_ns: self.step_fit.fitted(),
             detach_step_fit_purges: self.step_fit.purges(),
