@@ -40,8 +40,13 @@ pub mod kind {
     /// Entry-to-exit latency of `alloc_vmap_area` (fentry/fexit or kprobe/kretprobe rungs only).
     /// Fields: `[0]` entry time, `[1]` latency ns, `[2]` return value.
     pub const LATENCY: u32 = 7;
+    /// The start of a `drain_vmap_area_work` item (`workqueue_execute_start`), emitted then, so
+    /// that a reader in event order knows when the purge began (its detach follows) before the
+    /// item's [`WORK`] record, which is emitted at its end. Fields: [`super::work::WORK`],
+    /// [`super::work::FUNCTION`], [`super::work::START_CPU`].
+    pub const WORK_START: u32 = 8;
     /// One past the largest kind; sizes the per-kind lost-event counters.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 /// Field slots of a [`kind::CONTENTION`] event.

@@ -119,10 +119,19 @@ fn on_execute_start<const RAW: bool>(ctx: TracePointContext) -> u32 {
         cpu: this_cpu(),
     };
     let _ = WORK_START.insert(work, s, 0);
-    if function == WORK_FUNCS.load()[0] {
-        let _ = DRAIN_FLUSH.insert(bpf_get_current_pid_tgid() as u32, 0, 0);
+    if function != WORK_FUNCS.load()[0] {
+        return 0;
     }
-    0
+    let _ = DRAIN_FLUSH.insert(bpf_get_current_pid_tgid() as u32, 0, 0);
+    // The drain's start, now: its WORK record comes only after the purge it runs.
+    let mut v = [0u64; MAX_FIELDS];
+    v[w::WORK] = work;
+    v[w::FUNCTION] = function;
+    v[w::START_CPU] = s.cpu;
+    match emit_values(&ctx, kind::WORK_START, &v) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
 }
 
 #[inline(always)]

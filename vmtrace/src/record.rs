@@ -249,13 +249,18 @@ impl Pipeline {
                 return Some(None);
             };
             observe(&rec);
-            if let Record::Work(w) = &mut rec {
-                w.function = probes
+            let name = |addr: u64| {
+                probes
                     .ksyms
                     .as_ref()
-                    .and_then(|k| k.resolve(w.function_addr.0))
+                    .and_then(|k| k.resolve(addr))
                     .map(|(s, _)| s.name.clone())
-                    .unwrap_or_else(|| format!("{:#x}", w.function_addr.0));
+                    .unwrap_or_else(|| format!("{addr:#x}"))
+            };
+            match &mut rec {
+                Record::Work(w) => w.function = name(w.function_addr.0),
+                Record::WorkStart(w) => w.function = name(w.function_addr.0),
+                _ => {}
             }
             Some(Some(rec))
         })
@@ -545,7 +550,7 @@ pub fn footer(
         events: tally.ladder,
         lost: LadderCounts {
             contention: sum(kind::CONTENTION),
-            work: sum(kind::WORK),
+            work: sum(kind::WORK) + sum(kind::WORK_START),
             pt_page: sum(kind::PT_PAGE),
             latency: sum(kind::LATENCY),
         },

@@ -163,6 +163,54 @@ fn each_perturbation_costs_the_strict_figures_at_least_its_share() {
         missed.len()
     );
     let kind = |i: usize| lines[i]["type"].as_str().unwrap_or("");
+
+    // Every drain item's start was written when it happened: one `work_start` of the same
+    // worker inside each `drain_vmap_area_work` item's span, before the item's `work` record.
+    let drain = |i: usize, k: &str| kind(i) == k && lines[i]["function"] == "drain_vmap_area_work";
+    let starts: Vec<usize> = (0..lines.len())
+        .filter(|&i| drain(i, "work_start"))
+        .collect();
+    let items: Vec<usize> = (0..lines.len()).filter(|&i| drain(i, "work")).collect();
+    assert!(items.len() > 20, "only {} drain items", items.len());
+    for &i in &items {
+        let (pid, from) = (&lines[i]["pid"], lines[i]["start_ns"].as_u64().unwrap());
+        let to = from + lines[i]["duration_ns"].as_u64().unwrap();
+        let inside: Vec<usize> = starts
+            .iter()
+            .copied()
+            .filter(|&k| {
+                let t = lines[k]["ts_ns"].as_u64().unwrap();
+                &lines[k]["pid"] == pid && (from..=to).contains(&t)
+            })
+            .collect();
+        assert!(
+            inside.len() == 1 && inside[0] < i,
+            "line {}: drain item has work_start lines {inside:?}",
+            i + 1
+        );
+    }
+    // The strict replay predicts a drain's batch from its start: without the `work_start`
+    // lines it can only count at the purge event, which the frees after the detach inflate.
+    let stripped = dir.path().join("no-work-start.jsonl");
+    let kept: Vec<Value> = lines
+        .iter()
+        .filter(|l| l["type"] != "work_start")
+        .cloned()
+        .collect();
+    write(&stripped, &kept);
+    let without = strict(&replay(&stripped, &[]));
+    eprintln!(
+        "strict npurged {:.3} % with work_start, {:.3} % without; {} drain items",
+        percent(b.npurged),
+        percent(without.npurged),
+        items.len()
+    );
+    assert!(
+        b.npurged.0 > without.npurged.0,
+        "work_start did not help strict npurged: {:?} against {:?}",
+        b.npurged,
+        without.npurged
+    );
     let agreed = |i: usize| !missed.contains(&i);
     // Areas by address as the trace allocated them, for a free's pages.
     let mut size_at = HashMap::new();

@@ -13,7 +13,8 @@ use vmtrace::trace::{
     Alloc, AllocinfoSample, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free,
     Header, KAddr, LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo,
     ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Synthetic,
-    Tool, TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, FORMAT, VERSION,
+    Tool, TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, WorkStart,
+    FORMAT, VERSION,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -415,6 +416,15 @@ fn sample_records() -> Vec<Record> {
             start_cpu: 1,
             nr_purged: Some(12),
             flush_ns: None,
+        }),
+        Record::WorkStart(WorkStart {
+            ctx: Ctx {
+                comm: "kworker/0:1".into(),
+                ..ctx(1_000_000_720)
+            },
+            function: "drain_vmap_area_work".into(),
+            function_addr: KAddr(0xffffffff81609280),
+            work: KAddr(0xffffffff83b8db00),
         }),
         Record::PtPage(PtPage {
             ctx: ctx(1_000_000_800),
@@ -1144,7 +1154,7 @@ fn unknown_versions_and_formats_are_refused() {
     }
     assert!(matches!(
         read_all(&bytes).first(),
-        Some(Err(ReadError::UnsupportedVersion { found: 2, .. }))
+        Some(Err(ReadError::UnsupportedVersion { found: 3, .. }))
     ));
     let mut h = header();
     h.version = 0;

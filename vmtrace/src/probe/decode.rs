@@ -4,6 +4,7 @@ use vmtrace_common::{contention as c, kind, ptpage as pt, work as w, Event};
 
 use crate::trace::{
     Alloc, Contention, Ctx, Free, KAddr, Latency, LockClass, PtLevel, PtPage, Purge, Record, Work,
+    WorkStart,
 };
 
 /// A task name, inline (no heap allocation: at most 15 bytes). Nearly always valid UTF-8;
@@ -84,6 +85,12 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
             start_cpu: f[w::START_CPU] as u32,
             nr_purged: (f[w::NR_PURGED] != u64::MAX).then_some(f[w::NR_PURGED]),
             flush_ns: (f[w::FLUSH_NS] != u64::MAX).then_some(f[w::FLUSH_NS]),
+        }),
+        kind::WORK_START => Record::WorkStart(WorkStart {
+            ctx,
+            function: String::new(),
+            function_addr: KAddr(f[w::FUNCTION]),
+            work: KAddr(f[w::WORK]),
         }),
         kind::PT_PAGE => Record::PtPage(PtPage {
             ctx,

@@ -768,6 +768,9 @@ struct Replayer<'o> {
     /// Each free's backlog against the model's before any rule adjusts the model for it.
     nr_lazy_exact: Agreement,
     npurged: Agreement,
+    /// `(pid, lazy objects)` at the start of the drain item running now, from its `work_start`
+    /// record (causal replay only).
+    item_start: Option<(u32, u64, usize)>,
     /// Areas [`Replayer::give_back_newest`] returned to the lazy lists.
     batch_given_back: u64,
     /// Reads nothing ahead (it is given [`lookahead::Blind`]) and uses an allocation's own
@@ -861,6 +864,7 @@ impl<'o> Replayer<'o> {
             nr_lazy_warm: Agreement::default(),
             nr_lazy_exact: Agreement::default(),
             batch_given_back: 0,
+            item_start: None,
             causal: opts.causal,
             npurged: Agreement::default(),
             purges: Vec::new(),
@@ -968,6 +972,15 @@ impl<'o> Replayer<'o> {
                 Ok(())
             }
             Record::Purge(p) => self.purge(&p, ahead),
+            Record::WorkStart(w) if self.causal && w.function == lookahead::DRAIN_FUNCTION => {
+                // The kernel detaches every node's lazy list right after the item starts: what
+                // is lazy now is its batch, less the frees that race the detach.
+                if self.item_start.is_none() {
+                    let lazy = self.model.lazy().objects() + self.foreign_lazy as usize;
+                    self.item_start = Some((w.ctx.pid, w.ctx.ts_ns, lazy));
+                }
+                Ok(())
+            }
             Record::PtPage(_) => {
                 *self.pt_page_events.get_or_insert(0) += 1;
                 Ok(())
@@ -1360,6 +1373,15 @@ impl<'o> Replayer<'o> {
             }
             self.detach_frees.push((f.ctx.ts_ns, got.node));
         }
+        if let Some((_, start, n)) = self.item_start.as_mut() {
+            // Predicted on the list before its node's detach (`Detach::at` from the start).
+            let at = start
+                .saturating_add(self.opts.detach_delay_ns)
+                .saturating_add(u64::from(got.node) * self.opts.detach_step_ns);
+            if f.ctx.ts_ns < at {
+                *n += 1;
+            }
+        }
         if self.free_log.len() >= FREE_LOG_CAP {
             self.free_log.pop_front();
         }
@@ -1463,6 +1485,12 @@ impl<'o> Replayer<'o> {
         let foreign = std::mem::take(&mut self.foreign_lazy);
         let in_model = p.npurged.saturating_sub(foreign);
         let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;
+        // The causal replay predicts the batch of a drain item's purge from the item's start,
+        // which its `work_start` record gave when it happened.
+        let unaligned = match self.item_start.take() {
+            Some((pid, _, lazy)) if pid == p.ctx.pid => lazy,
+            _ => unaligned,
+        };
         if let (Some(d), Some(at_start)) = (self.detach.take(), self.start_lazy.take()) {
             if let Some(joined) = (in_model as usize).checked_sub(at_start) {
                 let nodes = self.model.params().layout.nr_nodes();

@@ -15,5 +15,9 @@ pub use writer::TraceWriter;
 
 /// Value of the header's `format` field.
 pub const FORMAT: &str = "vmtrace-trace";
-/// Format version; readers refuse versions they do not know.
-pub const VERSION: u32 = 1;
+/// Format version written; readers refuse versions they do not know. Version 2 added the
+/// `work_start` record, which a version-1 reader cannot parse.
+pub const VERSION: u32 = 2;
+/// The oldest version this reader still reads: a version-1 trace is a version-2 trace without
+/// `work_start` records.
+pub const OLDEST_VERSION: u32 = 1;

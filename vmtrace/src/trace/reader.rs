@@ -5,7 +5,7 @@ use std::io::BufRead;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::{Alloc, Ctx, Free, Header, KAddr, Purge, Record, FORMAT, VERSION};
+use super::{Alloc, Ctx, Free, Header, KAddr, Purge, Record, FORMAT, OLDEST_VERSION, VERSION};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -26,7 +26,7 @@ pub enum ReadError {
     /// `line` is the header's: 1, unless blank lines come first.
     #[error("line {line}: format `{found}` is not a vmtrace trace (expected `{FORMAT}`)")]
     WrongFormat { line: usize, found: String },
-    #[error("line {line}: trace format version {found} is not supported (this vmtrace reads version {VERSION})")]
+    #[error("line {line}: trace format version {found} is not supported (this vmtrace reads versions {OLDEST_VERSION} to {VERSION})")]
     UnsupportedVersion { line: usize, found: u32 },
     #[error("line {line}: the last line is incomplete (the recording was cut short)")]
     Truncated { line: usize },
@@ -154,7 +154,7 @@ impl<R: BufRead> TraceReader<R> {
                                 found: h.format.clone(),
                             }));
                         }
-                        if h.version != VERSION {
+                        if !(OLDEST_VERSION..=VERSION).contains(&h.version) {
                             return Some(Err(ReadError::UnsupportedVersion {
                                 line: self.line,
                                 found: h.version,
@@ -297,7 +297,9 @@ fn check_identity(text: &str, line: usize) -> Option<ReadError> {
     }
     match (id.format, id.version) {
         (Some(f), _) if f != FORMAT => Some(ReadError::WrongFormat { line, found: f }),
-        (_, Some(v)) if v != VERSION => Some(ReadError::UnsupportedVersion { line, found: v }),
+        (_, Some(v)) if !(OLDEST_VERSION..=VERSION).contains(&v) => {
+            Some(ReadError::UnsupportedVersion { line, found: v })
+        }
         _ => None,
     }
 }
@@ -311,6 +313,7 @@ pub fn kind_name(r: &Record) -> &'static str {
         Record::Purge(_) => "purge",
         Record::Contention(_) => "contention",
         Record::Work(_) => "work",
+        Record::WorkStart(_) => "work_start",
         Record::PtPage(_) => "pt_page",
         Record::Latency(_) => "latency",
         Record::Meminfo(_) => "meminfo",

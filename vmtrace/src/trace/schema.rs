@@ -18,6 +18,7 @@ pub enum Record {
     Purge(Purge),
     Contention(Box<Contention>),
     Work(Work),
+    WorkStart(WorkStart),
     PtPage(PtPage),
     Latency(Latency),
     Meminfo(Meminfo),
@@ -316,6 +317,21 @@ pub struct Work {
     pub flush_ns: Option<u64>,
 }
 
+/// The start of a `drain_vmap_area_work` item, written when it starts: a reader in event order
+/// then knows the purge has begun (its pool decays and lazy-list detaches follow) before the
+/// purge event and the item's [`Work`] record, both written at its end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkStart {
+    /// Context at the item's start; `ts_ns` is the start.
+    #[serde(flatten)]
+    pub ctx: Ctx,
+    /// `drain_vmap_area_work`.
+    pub function: String,
+    pub function_addr: KAddr,
+    /// The `work_struct`.
+    pub work: KAddr,
+}
+
 /// Level of a kernel page-table page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -491,6 +507,7 @@ impl Record {
             Record::Purge(e) => Some(e.ctx.ts_ns),
             Record::Contention(e) => Some(e.ctx.ts_ns),
             Record::Work(e) => Some(e.ctx.ts_ns),
+            Record::WorkStart(e) => Some(e.ctx.ts_ns),
             Record::PtPage(e) => Some(e.ctx.ts_ns),
             Record::Latency(e) => Some(e.ctx.ts_ns),
             Record::Meminfo(e) => Some(e.ts_ns),

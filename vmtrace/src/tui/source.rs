@@ -134,6 +134,7 @@ fn shift(rec: &mut Record, off: u64) {
         Record::Purge(e) => &mut e.ctx.ts_ns,
         Record::Contention(e) => &mut e.ctx.ts_ns,
         Record::Work(e) => &mut e.ctx.ts_ns,
+        Record::WorkStart(e) => &mut e.ctx.ts_ns,
         Record::PtPage(e) => &mut e.ctx.ts_ns,
         Record::Latency(e) => &mut e.ctx.ts_ns,
         Record::Meminfo(e) => &mut e.ts_ns,

@@ -43,7 +43,7 @@ fn compile(schema: &Value) -> jsonschema::Validator {
 }
 
 /// Record kinds, i.e. the values of `type` and the `$defs` entries that describe them.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "header",
     "vmallocinfo",
     "alloc",
@@ -51,6 +51,7 @@ pub const KINDS: [&str; 12] = [
     "purge",
     "contention",
     "work",
+    "work_start",
     "pt_page",
     "latency",
     "meminfo",
