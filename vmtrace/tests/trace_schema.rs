@@ -893,7 +893,7 @@ fn wrong_types_and_ranges_are_refused() {
         ),
         ("purge", |v| v["npurged"] = json!(4294967296u64), "npurged"),
         ("free", |v| v["nr_lazy"] = json!(null), "nr_lazy"),
-        ("header", |v| v["version"] = json!(2), "version"),
+        ("header", |v| v["version"] = json!(3), "version"),
         ("header", |v| v["format"] = json!("perf"), "format"),
         ("header", |v| v["clock"] = json!("CLOCK_MONOTONIC"), "clock"),
         (
