@@ -104,3 +104,34 @@ fn strict_figures_are_the_causal_replay_and_stay_below_the_explained_ones() {
         both.nr_lazy
     );
 }
+
+/// The validation's page tables are those the trace added: the snapshot's (hundreds of areas
+/// here) are the same on both sides and would make any model agree.
+#[test]
+fn page_tables_are_validated_on_what_the_trace_added() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["replay", "--free-running", "--json"])
+        .arg(sample())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let w = &doc["what_if"][0];
+    let pte = w["validation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["metric"] == "pte_tables")
+        .expect("pte_tables validated");
+    let (all, seeded) = (
+        w["slots"]["pte_tables"].as_f64().unwrap(),
+        w["seeded_slots"]["pte_tables"].as_f64().unwrap(),
+    );
+    assert!(seeded > 0.0 && all > seeded, "{all} {seeded}");
+    assert_eq!(pte["predicted"].as_f64(), Some(all - seeded));
+    assert!(pte["observed"].as_f64().unwrap() < all, "{pte}");
+}

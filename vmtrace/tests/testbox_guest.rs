@@ -382,8 +382,10 @@ fn the_real_test_vmalloc_module_records_replays_and_matches_synth() {
     let r = replay(&trace);
     assert_eq!(r["nodes"].as_u64(), Some(4));
     let (warm, nr_lazy, _) = figures(&r, "test_vmalloc mask 7");
-    // Measured: 87.8 / 96.2 / 33.0 % (docs/testbox.md). In-kernel threads allocate far faster
-    // than the user-space stress, and most purges race frees; npurged has no floor yet.
+    // Measured over six runs: placement 87.8–94.5 %, nr_lazy 88.1–98.3 %, npurged 26.7–35.1 %
+    // (docs/testbox.md). In-kernel threads allocate far faster than the user-space stress and
+    // most purges race frees, so how they race under TCG moves nr_lazy by ten points between
+    // runs of the same build; npurged has no floor yet.
     assert!(warm >= 80.0, "placement after warm-up {warm:.2} %");
-    assert!(nr_lazy >= 90.0, "nr_lazy {nr_lazy:.2} %");
+    assert!(nr_lazy >= 85.0, "nr_lazy {nr_lazy:.2} %");
 }

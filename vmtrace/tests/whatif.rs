@@ -361,6 +361,19 @@ fn free_running_nodes_is_validated_against_the_trace() {
         nodes["trace"]["purges"].as_f64()
     );
     assert_eq!(purges["predicted"].as_f64(), nodes["purges"].as_f64());
+    // Page tables are judged on what the trace added: the snapshot's are the same on both
+    // sides and would make any model agree.
+    let pte = nodes["validation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["metric"] == "pte_tables")
+        .unwrap();
+    let (all, seeded) = (
+        nodes["slots"]["pte_tables"].as_f64().unwrap(),
+        nodes["seeded_slots"]["pte_tables"].as_f64().unwrap(),
+    );
+    assert_eq!(pte["predicted"].as_f64(), Some(all - seeded));
     assert!(
         doc["what_if"][1].get("validation").is_none(),
         "global is another design: nothing to validate"

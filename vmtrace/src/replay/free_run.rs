@@ -104,6 +104,9 @@ pub struct WhatIf {
     /// VA footprint: bytes from VMALLOC_START to the highest end ever allocated.
     pub high_water_bytes: u64,
     pub slots: SlotCounts,
+    /// The slots of the snapshot's areas alone, before the first event: what the trace added
+    /// is `slots` less these.
+    pub seeded_slots: SlotCounts,
     /// Page-table pages allocated on demand (PTE + PMD, + PUD on 5-level).
     pub page_table_pages: u64,
     pub purges: u64,
@@ -208,6 +211,7 @@ pub fn free_run<R: BufRead>(
         Des::new(fr.window_ns, latency, expected_cpus).with_max_pending(fr.max_pending_ops);
     let locks = LockIds::new(&mut des, &prev);
     let pool_hits_at_start = seeder.model.stats().pool_hits;
+    let seeded_slots = seeder.model.slots().counts();
     let mut tails = [HoldTail::default(); 7];
     for (i, class) in LockClass::ALL.into_iter().enumerate() {
         if let Some(t) = fr.tails.get(&class) {
@@ -228,6 +232,7 @@ pub fn free_run<R: BufRead>(
         rng: SplitMix64::new(fr.seed),
         view: TraceView::default(),
         pool_hits_at_start,
+        seeded_slots,
         drain_latencies: Vec::new(),
         des,
         locks,
@@ -479,6 +484,7 @@ struct Run {
     rng: SplitMix64,
     view: TraceView,
     pool_hits_at_start: u64,
+    seeded_slots: SlotCounts,
     drain_latencies: Vec<u64>,
     des: Des,
     locks: LockIds,
@@ -974,6 +980,7 @@ impl Run {
             duration_ns: duration,
             high_water_bytes: self.high,
             slots,
+            seeded_slots: self.seeded_slots,
             page_table_pages: slots.pages(p.five_level),
             purges: self.purges,
             purged_objects: self.purged_objects,

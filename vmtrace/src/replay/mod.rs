@@ -258,6 +258,8 @@ pub struct Report {
     pub observed_high_water: String,
     pub predicted_high_water: String,
     pub observed_slots: SlotCounts,
+    /// The snapshot's slots, before the first event (the same for both sides).
+    pub seeded_slots: SlotCounts,
     pub predicted_slots: SlotCounts,
     /// Page tables the recording added, predicted against every observed source the trace has.
     pub page_table_growth: PageTableGrowth,
@@ -745,6 +747,7 @@ struct Replayer<'o> {
     pred_slots: PageTableSlots,
     /// Predicted tables right after seeding, so growth counts only what the trace added.
     seed_tables: u64,
+    seed_slots: SlotCounts,
     pt_page_events: Option<u64>,
     meminfo_kb: Option<(u64, u64)>,
     allocinfo_pt: Option<(i64, i64)>,
@@ -844,6 +847,7 @@ impl<'o> Replayer<'o> {
             obs_slots: PageTableSlots::new(),
             pred_slots: PageTableSlots::new(),
             seed_tables: 0,
+            seed_slots: SlotCounts::default(),
             pt_page_events: None,
             meminfo_kb: None,
             allocinfo_pt: None,
@@ -933,6 +937,7 @@ impl<'o> Replayer<'o> {
         self.seed.lazy_pages = self.model.lazy_pages();
         self.obs_lazy = self.seed.lazy_pages;
         self.seed_tables = total_tables(&self.pred_slots.counts());
+        self.seed_slots = self.pred_slots.counts();
     }
 
     fn event(&mut self, rec: Record, ahead: &dyn DrainLookup) -> Result<(), ReplayError> {
@@ -2036,6 +2041,7 @@ impl<'o> Replayer<'o> {
             observed_high_water: format!("{:#x}", self.obs_high),
             predicted_high_water: format!("{:#x}", self.pred_high),
             observed_slots: self.obs_slots.counts(),
+            seeded_slots: self.seed_slots,
             predicted_slots: self.pred_slots.counts(),
             page_table_growth: PageTableGrowth {
                 predicted_new_tables: total_tables(&self.pred_slots.counts())
