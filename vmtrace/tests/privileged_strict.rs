@@ -24,17 +24,6 @@ const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 /// Every strict miss is listed, so that only agreed events are perturbed.
 const ALL_DIVERGENCES: &str = "100000000";
 
-fn record(trace: &Path) {
-    let script = format!("{VMTRACE} stress random-size --threads 2 --duration 8s >/dev/null");
-    let status = Command::new(VMTRACE)
-        .args(["record", "-q", "-o"])
-        .arg(trace)
-        .args(["--", "sh", "-c", &script])
-        .status()
-        .unwrap();
-    assert!(status.success(), "vmtrace record failed: {status}");
-}
-
 fn replay(trace: &Path, extra: &[&str]) -> Value {
     let out = Command::new(VMTRACE)
         .args(["replay", "--json"])
@@ -148,7 +137,7 @@ fn each_perturbation_costs_the_strict_figures_at_least_its_share() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("random-size.jsonl");
-    record(&trace);
+    common::record_stress(&trace, "random-size --threads 2 --duration 8s");
     let text = std::fs::read_to_string(&trace).unwrap();
     let lines: Vec<Value> = text
         .lines()

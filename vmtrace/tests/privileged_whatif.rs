@@ -17,17 +17,6 @@ use std::process::Command;
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 
-fn record(trace: &Path, stress: &str) {
-    let script = format!("{VMTRACE} stress {stress} >/dev/null");
-    let status = Command::new(VMTRACE)
-        .args(["record", "-q", "-o"])
-        .arg(trace)
-        .args(["--", "sh", "-c", &script])
-        .status()
-        .unwrap();
-    assert!(status.success(), "vmtrace record failed: {status}");
-}
-
 /// The `nodes` variant's validation entries: metric → (observed, predicted, ratio, within).
 fn validation(trace: &Path, costs: &Path) -> Vec<(String, f64, f64, Option<f64>, bool)> {
     let out = Command::new(VMTRACE)
@@ -81,8 +70,8 @@ fn a_calibration_from_one_workload_predicts_another() {
     let dir = tempfile::tempdir().unwrap();
     let fit = dir.path().join("fix-size.jsonl");
     let held_out = dir.path().join("random-size.jsonl");
-    record(&fit, "fix-size --pages 16 --threads 2 --duration 6s");
-    record(&held_out, "random-size --threads 2 --duration 6s");
+    common::record_stress(&fit, "fix-size --pages 16 --threads 2 --duration 6s");
+    common::record_stress(&held_out, "random-size --threads 2 --duration 6s");
 
     let cal = dir.path().join("cal.json");
     let out = Command::new(VMTRACE)

@@ -1335,8 +1335,7 @@ impl<'o> Replayer<'o> {
         if (self.drain_pending || self.early.is_some()) && (self.early_open() || settling) {
             // The backlog the kernel reports is below what it would be without a purge: the
             // purge already subtracted its pages, node by node.
-            let own =
-                self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
+            let own = own_pages;
             let expected = self.model.lazy_pages() + own;
             if f.nr_lazy < expected
                 && !self.add_order_explains(f.nr_lazy, expected, ahead, DROP_ORDER_SPAN)

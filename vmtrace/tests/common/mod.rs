@@ -10,6 +10,20 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+/// Records `vmtrace stress STRESS` (its output discarded) with the default probes into
+/// `trace`, and asserts the recording succeeded.
+pub fn record_stress(trace: &Path, stress: &str) {
+    let vmtrace = env!("CARGO_BIN_EXE_vmtrace");
+    let script = format!("{vmtrace} stress {stress} >/dev/null");
+    let status = std::process::Command::new(vmtrace)
+        .args(["record", "-q", "-o"])
+        .arg(trace)
+        .args(["--", "sh", "-c", &script])
+        .status()
+        .unwrap();
+    assert!(status.success(), "vmtrace record failed: {status}");
+}
+
 /// Path of the shipped schema, `docs/trace.schema.json` at the workspace root.
 pub fn schema_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
