@@ -2,7 +2,7 @@
 //! kernel, calibrate the simulation on one (`vmtrace calibrate`), and validate free-running
 //! replay of `nodes` on the other, which the calibration never saw.
 //!
-//! The floors sit outside the spread measured on six held-out recordings of the 2-CPU 6.18
+//! The floors sit outside the spread measured on held-out recordings of the 2-CPU 6.18
 //! reference machine (`docs/model.md`, "Validation against recordings"): they catch a
 //! regression of the free-running model or of the calibration, not the known misses (lock
 //! waits, VA high-water) that the same table lists. A perturbed calibration must score worse,
@@ -115,8 +115,9 @@ fn a_calibration_from_one_workload_predicts_another() {
             if e.4 { "ok" } else { "MISS" }
         );
     }
-    // Six held-out recordings gave purges 0.77–1.01, mean npurged 0.99–1.29, time-averaged
-    // backlog 0.98–1.01 and pool-hit share within 0–9 points of the observed-timing replay.
+    // Twelve held-out recordings, in two sets of six, gave purges 0.76–1.01, mean npurged
+    // 0.99–1.31, time-averaged backlog 0.96–1.02 and pool-hit share within 0–9 points of the
+    // observed-timing replay.
     let purges = ratio(&v, "purges");
     assert!((0.6..=1.4).contains(&purges), "purges ratio {purges}");
     let npurged = ratio(&v, "npurged_mean");

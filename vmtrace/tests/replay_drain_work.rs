@@ -413,8 +413,8 @@ fn entries_a_pool_skip_hid_come_back_when_one_is_used() {
 /// Pages a reuse purged stay in the backlog until a free shows the kernel's subtraction, also
 /// when the reuse purged every node. A and B are freed (B schedules the drain) and C stays
 /// busy; the kernel reuses B, so its purge has pooled A and B, and C's free then reports a
-/// backlog without their 8 pages. Before, with no node left to purge, that drop went unseen
-/// until the purge event and C's free disagreed.
+/// backlog without their 8 pages. With no node left to purge, that drop must still be looked
+/// for, or it goes unseen until the purge event and C's free disagrees.
 #[test]
 fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
     let (a, b, c) = (
@@ -444,7 +444,7 @@ fn a_drop_after_a_reuse_that_purged_every_node_is_seen() {
 /// the oldest four (X0, not Y1) and holds their pages in the backlog; Z's free then shows node
 /// 0's loop ended with 4 pages subtracted, not the 8 of the model's node-0 batch, and no set of
 /// nodes accounts for 4. X0 goes back to lazy and Y1 joins node 1's batch in its place: the
-/// backlog agrees. Before, both nodes were subtracted and Z's free disagreed.
+/// backlog agrees. Subtracting both nodes instead would leave Z's free disagreeing.
 #[test]
 fn a_drop_below_a_nodes_batch_moves_its_newest_area_to_the_other_node() {
     let at = |i: u64| VMALLOC_START + i * AREA;
@@ -473,7 +473,7 @@ fn a_drop_below_a_nodes_batch_moves_its_newest_area_to_the_other_node() {
 /// 0 detached before X0 (batch A0), node 1 after C1 (B1 B2 C1). The model's batches follow
 /// free order (A0 X0 and B1 B2). E0's free shows node 0's loop ended with 4 pages, which only
 /// A0 makes; F0's then shows node 1's with 12, which takes C1 besides the areas lazy at the
-/// start. Before, only those counted, no batch matched, and the whole purge was applied.
+/// start. Counting only those, no batch would match and the whole purge would be applied.
 #[test]
 fn a_nodes_drop_can_take_a_free_from_after_the_start() {
     let at = |i: u64| VMALLOC_START + i * AREA;
@@ -540,8 +540,8 @@ fn frees_after_a_purge_may_precede_its_subtraction() {
 /// A later free after a purge event can have added its pages before the purge's
 /// subtraction while an earlier one, by events, added after it. A and B are freed and purged
 /// (8 pages); C's free reports 4 (added after the subtraction), then D's 8 + 4 (added before
-/// it, and so before C's): the model's 8 holds C's pages and not the batch's. Before, only the
-/// first free after the event was read this way, and D's disagreed.
+/// it, and so before C's): the model's 8 holds C's pages and not the batch's. Reading only the
+/// first free after the event this way would leave D's disagreeing.
 #[test]
 fn a_later_free_after_a_purge_may_precede_its_subtraction_behind_an_earlier_one() {
     let at = |i: u64| VMALLOC_START + i * AREA;
@@ -563,8 +563,8 @@ fn a_later_free_after_a_purge_may_precede_its_subtraction_behind_an_earlier_one(
 /// when its area is allocated after the purge event (not in the model yet when the purge is
 /// replayed). A (4 pages), B (8, node 1) and C (4) are lazy; the kernel's purge of two took A
 /// and C, the model's the oldest two, A and B. D, allocated after the event, reports a backlog
-/// of 8 + 4: B and C are swapped. Before, D's size was not known at the purge and nothing was
-/// swapped.
+/// of 8 + 4: B and C are swapped, D's size coming from its allocation read ahead, without which
+/// nothing would be swapped.
 #[test]
 fn a_batch_is_reconciled_by_a_free_allocated_after_the_purge() {
     let (a, b, c, d) = (
@@ -585,9 +585,9 @@ fn a_batch_is_reconciled_by_a_free_allocated_after_the_purge() {
 /// The kernel can reuse the start of an area its purge took, and the model kept lazy, for a
 /// smaller one. A and B (4 pages each) are lazy; the kernel's purge of one took B, the model's
 /// the oldest, A. The kernel then allocates 2 pages at B's start: A and B are swapped by B's
-/// size, and the 2-page area is in the model, so its free and C's agree. Before, the swap
-/// needed the request's size, the area stayed outside the model, and C's free missed its 2
-/// pages.
+/// size, and the 2-page area is in the model, so its free and C's agree. A swap by the
+/// request's size would find nothing, leave the area outside the model, and C's free would
+/// miss its 2 pages.
 #[test]
 fn a_smaller_reuse_of_a_purged_area_swaps_by_the_areas_size() {
     let (a, b, c) = (
@@ -613,8 +613,8 @@ fn a_smaller_reuse_of_a_purged_area_swaps_by_the_areas_size() {
 /// The backlog a free reports is its own `atomic_long_add_return`, which may come well before
 /// its event. C is added after D but reports first (16, D's 4 pages included), and D reports
 /// 12. E's free, read ahead of C too, comes after the purge's decrement and reports 4: it was
-/// not added before C, so only the closest value below C's, D's, counts. Before, E's pages
-/// were counted too, and C's free disagreed.
+/// not added before C, so only the closest value below C's, D's, counts. Counting E's pages
+/// too would leave C's free disagreeing.
 #[test]
 fn only_the_closest_frees_explain_a_reordered_backlog() {
     let (p, mut t) = four_allocated_and_freed();
@@ -837,8 +837,8 @@ fn hidden_ranges_above_two_ascending_hidden_picks_are_freed() {
 /// model does not know of), so the model hides the hole as one range. Then the kernel takes
 /// slots 10, 9, 8, 7 and 6, each the top of what is left hidden; at the fifth the rest is
 /// split into one-area pieces, slot 5 (exact, below 6) turns slots 4 to 1 into the pool, and
-/// those four are predicted from it. Before, every pick unhid the range, took its top and hid
-/// the rest again, and all eleven missed.
+/// those four are predicted from it. Without the split, every pick would unhide the range,
+/// take its top and hide the rest again, and all eleven would miss.
 #[test]
 fn a_hidden_range_taken_from_the_top_five_times_is_split_into_pool_entries() {
     let r = busy_slots_then(&[0, 11], &[13, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1]);
@@ -868,8 +868,8 @@ fn a_hidden_range_taken_from_the_top_four_times_is_not_split() {
 /// of A0 purges both nodes with the oldest three (A0 | B1 C1) and holds their pages; Z0's free
 /// then shows node 0's loop ended with 12 pages, more than either held batch (8 and 8) and
 /// less than both. C1 goes back to lazy and Y0 joins node 0's batch, which makes 12: the
-/// backlog agrees, and so does W0's after the purge event. Before, both nodes were subtracted
-/// and Z0's free disagreed.
+/// backlog agrees, and so does W0's after the purge event. Subtracting both nodes instead
+/// would leave Z0's free disagreeing.
 #[test]
 fn a_drop_above_a_nodes_batch_moves_the_other_nodes_newest_area_to_it() {
     let at = |pages: u64| VMALLOC_START + pages * PAGE;
@@ -908,9 +908,9 @@ fn a_drop_above_a_nodes_batch_moves_the_other_nodes_newest_area_to_it() {
 /// added after the subtraction but after one still to come, whose add preceded it. A (4 pages)
 /// and B (8) are freed and purged (12 pages); D's free reports 4 + 4 (C's pages and its own),
 /// then C's 12 + 4. C's value less the batch is exactly D's backlog without its own pages, so
-/// C was added right before D, and both agree. Before, D's disagreed. A steady offset of 4
-/// pages instead (D 8, C 12) is not read that way: C's value less the batch does not chain to
-/// D's, and both miss.
+/// C was added right before D, and both agree; without this reading D's would disagree. A
+/// steady offset of 4 pages instead (D 8, C 12) is not read that way: C's value less the batch
+/// does not chain to D's, and both miss.
 #[test]
 fn a_free_after_a_purge_may_follow_the_add_of_one_that_preceded_the_subtraction() {
     let run = |c_nr_lazy: u64| {

@@ -220,7 +220,7 @@ fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
 
 /// The model on 4 and 8 nodes, in both paging modes. Floors are set below the figures measured
 /// in this guest (docs/testbox.md gives them with the command), with room for run-to-run
-/// variation; they are the current (not yet strict) figures of `vmtrace replay`.
+/// variation; they are the explained figures of `vmtrace replay`, not the strict ones.
 #[test]
 fn replay_on_four_and_eight_nodes_meets_the_floors() {
     let Some(xtask) = xtask() else { return };
@@ -260,12 +260,12 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
                 figures(&r, &format!("{cpus} nodes, {paging}-level, {name}"));
             // Measured in this guest over 4 and 8 nodes (docs/testbox.md): placement after
             // warm-up 97.5-99.9 %, nr_lazy 93.9-100 %, npurged 90-100 % (one purge in 30 is
-            // 3.3 points). random-size replayed at 36.6 % before the model took the pre-6.16
-            // decay rule from the release, and npurged was 83-91 % before areas outside the
-            // model counted in it. The low
-            // nr_lazy runs (8 nodes, random-size) come from a few allocations the replay
-            // leaves outside the model after a batch reconciliation: their pages are in the
-            // kernel's backlog and not in the model's until the next purge.
+            // 3.3 points). These figures need the pre-6.16 decay rule, which replay takes from
+            // the release (random-size depends on it most), and the areas outside the model
+            // counted in npurged. The low nr_lazy runs (8 nodes, random-size) come from a few
+            // allocations the replay leaves outside the model after a batch reconciliation:
+            // their pages are in the kernel's backlog and not in the model's until the next
+            // purge.
             assert!(
                 warm >= 96.0,
                 "{cpus} nodes {name}: placement after warm-up {warm:.2} %"

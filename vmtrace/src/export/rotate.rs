@@ -74,10 +74,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// * A purge removes the `npurged` earliest-freed `unpurged` areas (areas already lazy in the
 ///   first snapshot count as earliest, in address order). The kernel detaches each node's lazy
 ///   list at the start of the purge and emits the event at its end, so a free landing during
-///   the purge stays lazy; removing every lazy area, as a first version did, dropped those and
-///   left the next file's lazy backlog short by their pages (a replay of it then disagreed on
-///   almost every `nr_lazy`). The order across nodes is the free order, which matches the
-///   kernel's per-node detach up to the microseconds between two nodes' detaches.
+///   the purge stays lazy; removing every lazy area would drop those and leave the next file's
+///   lazy backlog short by their pages (a replay of it would then disagree on almost every
+///   `nr_lazy`). The order across nodes is the free order, which matches the kernel's
+///   per-node detach up to the microseconds between two nodes' detaches.
 /// * A purge frees its areas before it emits its event, so an allocation may reuse the range
 ///   of an area the list still holds as lazy. That area was in the purge's batch: it counts
 ///   toward the next purge's `npurged`, which then removes that many fewer. Without this the

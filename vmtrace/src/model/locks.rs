@@ -1,6 +1,6 @@
 //! Lock accounting per lock instance (spec §2.4): how many critical sections each one saw.
 //!
-//! Counts only; the waiting time needs the timing model, which is not built yet.
+//! Counts only; waiting times come from the timing simulation (`sim::des`).
 
 /// Critical sections entered, per lock instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]

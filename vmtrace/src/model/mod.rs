@@ -1,7 +1,7 @@
 //! Reference model of the kernel's vmap-area allocator (`mm/vmalloc.c`, node design of v6.9+).
 //!
 //! The model is a plain state machine with no I/O and no randomness: the same calls give the same
-//! answers. It depends on nothing else in the crate, so the replay driver, a future free-running
+//! answers. It depends on nothing else in the crate, so the replay driver, the free-running
 //! simulator and the tests all feed it the same way. `shared/reference/vmalloc-allocator.md` is
 //! the specification; section numbers in the comments refer to it. `docs/model.md` lists what is
 //! exact and what is approximated.
@@ -22,8 +22,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// How many purges must have given a hidden range back, each time followed by the kernel
 /// showing it unavailable again, before purges stop giving it back (`Model::unhide_after_purge`).
-/// Measured on 8 s stress traces: 2 gave random-size 99.7 % placement but cost fix-size 0.4
-/// points; 10 keeps most of the first (99.5 %) and gains on the second (99.0 from 98.7 %).
+/// A low threshold learns pool entries from before the trace sooner (random-size gains most)
+/// but also keeps ranges that were only lazy in the kernel hidden too long (fix-size loses);
+/// 10 keeps most of the gain at little cost.
 pub const STICKY_AFTER: u32 = 10;
 
 /// Most ranges remembered as given back by a purge (see `Model::unhide_after_purge`): the bound
@@ -1353,8 +1354,8 @@ impl Model {
         }
         let page = self.params.page_size;
         // Frees after the start count too, after those lazy at it: the node's detach may have
-        // come after some of them (on the 20 s fix-size capture of 1 Dec, 7 of the 11 `nr_lazy`
-        // misses left were a last node whose drop took one such free more).
+        // come after some of them (a last node's drop then holds one such free more than what
+        // was lazy at the start).
         let mut areas = self.lazy.seqs_before(node, u64::MAX, page);
         areas.sort_unstable();
         let mut sum = 0;

@@ -46,8 +46,8 @@ impl Detach {
     /// Node `node`'s predicted detach. From the start: [`ReplayOptions::detach_delay_ns`] plus
     /// one step ([`Detach::step`]) per node before it. With the flush recorded, the
     /// last node detaches at the flush and each earlier one a step before it, but no earlier
-    /// than the prediction from the start: on the 2-CPU reference machine that took `npurged`
-    /// agreement from 81 to 91 % (fix-size) and 84 to 95 % (random-size), see docs/model.md.
+    /// than the prediction from the start: the flush bounds the last detach far more tightly
+    /// than the start does (docs/inference.md, "Detach prediction").
     ///
     /// With the decays timed, the next node's decay start (the last node: the flush): the
     /// kernel takes the node's `lazy.lock` and detaches the list after `decay_va_pool_node`

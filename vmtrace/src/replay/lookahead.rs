@@ -21,7 +21,7 @@ use std::io::BufRead;
 use crate::trace::{ReadError, Record, TraceReader};
 
 /// How far past a record the look-ahead reads: well above the drain work's usual run time (tens
-/// of microseconds to ~10 ms on a busy machine, the reason for the 2026 unbound-workqueue fix).
+/// of microseconds to ~10 ms on a busy machine, the reason for the unbound-workqueue fix).
 pub const WINDOW_NS: u64 = 200_000_000;
 
 /// Most records held at once, whatever the window: the bound on memory.

@@ -69,7 +69,7 @@ pub struct ReplayOptions {
     /// [`ReplayOptions::fit_detach_step`] it is the starting value.
     pub detach_step_ns: u64,
     /// Refit the step between two nodes' detaches to the trace, from the purges already seen
-    /// (see `replay::detach::StepFit` and docs/model.md).
+    /// (see `replay::detach::StepFit` and docs/inference.md).
     pub fit_detach_step: bool,
     /// Replay causally only: no record after the current one is read and no event's own
     /// address or backlog is used before it is scored, so the explained figures are the strict
@@ -80,8 +80,8 @@ pub struct ReplayOptions {
 
 /// The default of [`ReplayOptions::detach_delay_ns`], with [`DEFAULT_DETACH_STEP_NS`]: the
 /// best pair of a sweep on 8 s fix-size and random-size stress traces of the 2-CPU 6.18
-/// reference machine (`npurged` agreement 83 and 92 %, against 48 and 68 % at the item's start
-/// and 75 and 87 % with one 20 µs delay for every node; `docs/model.md`).
+/// reference machine; predicting every detach at the item's start, or one delay for every node,
+/// agreed on far fewer purges (`docs/inference.md`, "Detach prediction").
 pub const DEFAULT_DETACH_DELAY_NS: u64 = 15_000;
 /// The default of [`ReplayOptions::detach_step_ns`].
 pub const DEFAULT_DETACH_STEP_NS: u64 = 20_000;
@@ -367,14 +367,14 @@ pub struct DrainWork {
     pub early_refused: u64,
     /// Frees (in the model) between a purge's detach bound (its item's start, or the previous
     /// purge event if later) and its event. The kernel leaves those freed after its real detach
-    /// for the next purge; the model purges them all (see docs/model.md, "detach race").
+    /// for the next purge; the model purges them all (see docs/inference.md, "The detach race").
     pub frees_after_work_start: u64,
 }
 
 /// Frees looked at on either side of a free whose backlog disagrees, to tell whether the
 /// kernel's order of additions explains it ([`Replayer::add_order_explains`]). A free can add
-/// long before its event: on an 8 s full-fit trace of 1 Dec a kworker preempted for 4 ms
-/// reported its backlog 355 events late, and with 64 the 170 frees in between disagreed.
+/// long before its event: a kworker preempted for 4 ms has reported its backlog 355 events
+/// late, and a span of 64 leaves such a free and the ones in between disagreeing.
 pub const ADD_ORDER_SPAN: usize = 512;
 /// The narrower span used when a lower backlog may instead be a purge's subtraction: there a
 /// reorder found far away would hide the drop.
@@ -389,9 +389,9 @@ const OLDER_BATCHES: usize = 16;
 
 /// The purged areas of `size` that [`Replayer::swap_purged`] tries, in order: those of the last
 /// two batches (and the purge in progress), newest first, then those of each older batch in
-/// turn (with its index in `older`), newest first. The older ones are a last resort: on an 8 s
-/// random-size trace of 1 Dec, three reused areas had their counterpart only there, and 139
-/// frees disagreed until the next purge without them.
+/// turn (with its index in `older`), newest first. The older ones are a last resort: a reused
+/// area can have its counterpart only there, and without it every free until the next purge
+/// disagrees.
 fn swap_candidates<'a>(
     recent: impl Iterator<Item = &'a crate::model::PurgedArea>,
     older: &VecDeque<Vec<crate::model::PurgedArea>>,
@@ -1227,9 +1227,9 @@ impl<'o> Replayer<'o> {
             // The kernel had this range free while the model holds it pooled: the kernel's
             // pools differ from the model's (a decay took other entries, an entry went to the
             // other node's pool), and only the overlapping entries are known to be free there.
-            // Inferring the vmap-node shrinker (a full decay of every pool, which emits no
-            // event) instead was measured far worse: 77.8 against 98.5 % placement after
-            // warm-up on an 8 s random-size trace that inferred it 236 times.
+            // The vmap-node shrinker (a full decay of every pool, which emits no event) is not
+            // inferred instead: a random-size workload would infer it hundreds of times and
+            // throw every pool away each time.
             self.model.decay_overlapping(addr, size);
             self.pooled_found_free += 1;
             claimed = self.model.claim(&req, addr);
@@ -1264,10 +1264,9 @@ impl<'o> Replayer<'o> {
                     }
                 }
                 // They may only sit lower in the kernel's pool (two areas its batch put on
-                // top): if the kernel takes one, the rest come back in order. Kept out of the
-                // pools put back before a decay, which cost random-size 0.03 points; as a group
-                // the 20 s thread-churn trace went from 99.00 to 99.41 % (a 1 274-allocation
-                // cascade of unhides became a few misses) and fix-size from 99.15 to 99.24 %.
+                // top): if the kernel takes one, the rest come back in order, so that a cascade
+                // of unhides becomes a few misses. Kept out of the pools put back before a
+                // decay, where they mispredict random-size workloads.
                 self.hidden_pools.push(HiddenPool {
                     node: node32,
                     size,
@@ -1329,8 +1328,7 @@ impl<'o> Replayer<'o> {
         self.nr_lazy_exact.add(strict_ok);
         // Nodes purged on a reuse keep their pages in the backlog until the kernel's subtraction
         // shows (`Model::defer_subtraction`), even once every node is purged: without this the
-        // drop went unseen until the purge event, and every free in between disagreed (1 Dec
-        // 2026: 528 of the 535 kernel-lower `nr_lazy` misses on a 20 s fix-size trace).
+        // drop goes unseen until the purge event, and every free in between disagrees.
         let settling = !self.model.unsubtracted().is_empty();
         if (self.drain_pending || self.early.is_some()) && (self.early_open() || settling) {
             // The backlog the kernel reports is below what it would be without a purge: the
@@ -1398,9 +1396,8 @@ impl<'o> Replayer<'o> {
         }
         let exact = got.nr_lazy == f.nr_lazy;
         // A free soon after a purge event may have added its pages before some nodes of that
-        // purge subtracted theirs (its event came after, 15 ns to 35 µs on the 20 s captures
-        // of 1 Dec): its backlog then still holds those nodes' batches. That is the add order
-        // too (3 of the 7 `nr_lazy` misses left on fix-size and random-size).
+        // purge subtracted theirs (its event comes after, from a few ns to tens of µs): its
+        // backlog then still holds those nodes' batches. That is the add order too.
         let pages = got.size / self.model.params().page_size;
         let since = self.since_purge.take();
         // The causal replay counts exact agreement only: every figure it gives is strict.
@@ -1646,10 +1643,10 @@ impl<'o> Replayer<'o> {
     /// from the head). `purge_vmap_node` pushes a batch in address order, so such a pool gives
     /// them out downwards: the hidden ranges of that size below `addr` become the model's pool,
     /// highest on top. When the kernel then takes something else, the pool is hidden again as
-    /// seen missing. On the 8 s full-fit recording of 1 Dec, placement after warm-up went from
-    /// 96.04 to 96.84 %; with every such pick, not the second in a row, random-size traces lost
-    /// up to 0.11 points. At most [`HIDDEN_POOL_SPAN`] are moved: 8 and 64 gave 96.65 and
-    /// 96.60 %, all of them 96.74 %.
+    /// seen missing. Without this every pick from such a pool is a miss; full-fit workloads
+    /// have the most of them. Acting on every such pick, not the second in a row,
+    /// mistakes single hidden picks for pools on random-size workloads. At most
+    /// [`HIDDEN_POOL_SPAN`] are moved: fewer, or no bound, predict full-fit slightly worse.
     fn pool_hidden_below(&mut self, req: &AllocRequest, node: u32, addr: u64) {
         if !self.model.pool_eligible(req) || self.model.pools().len(node, req.size) != 0 {
             return;
@@ -1677,11 +1674,10 @@ impl<'o> Replayer<'o> {
     /// [`TOP_PICKS_TO_SPLIT`]th such pick in a row, with the model's pool for the request
     /// empty, a range that is a whole number of request-sized pieces is split into them: the
     /// pick is then exact, and [`Replayer::pool_hidden_below`] reads the next one as the
-    /// pool's. Before, each pick unhid the range, took its top and hid the rest again, a miss
-    /// every time. On the 8 s full-fit recording of 1 Dec placement after warm-up went from
-    /// 97.93 to 98.65 %, on a fresh 8 s one of 2 Dec from 97.48 to 97.54 %; no other
-    /// recording lost. Splitting ranges that are not a whole number of pieces, from the top,
-    /// cost 20 s fix-size and random-size 0.02–0.05 points (session 10).
+    /// pool's. Without it each pick unhides the range, takes its top and hides the rest again,
+    /// a miss every time (full-fit workloads have long runs of them).
+    /// Ranges that are not a whole number of pieces are not split: splitting them from the top
+    /// mispredicts fix-size and random-size workloads.
     fn split_merged_pool(&mut self, req: &AllocRequest, node: u32, addr: u64) {
         let top = self
             .model
@@ -1719,12 +1715,10 @@ impl<'o> Replayer<'o> {
     /// typically pool entries a decay gave back to the kernel's free tree, hidden when the
     /// kernel's picks above them came from a pool the model did not know of (the hiding rule
     /// takes every pick the model had free as a free-tree pick). Every hidden range of exactly
-    /// that size between the pick and `predicted` goes back to the free tree. On the 8 s
-    /// full-fit recording of 1 Dec placement after warm-up went from 96.84 to 97.93 %, and no
-    /// other recording lost. Giving back the longer hidden ranges in that span too cost
-    /// random-size 0.29 (20 s) and 0.32 points (8 s). Doing so from the first pick, only when
-    /// no hidden range that fits lies below it, changed nothing on full-fit (one always did)
-    /// and cost 8 s random-size 0.12 points.
+    /// that size between the pick and `predicted` goes back to the free tree; without this,
+    /// full-fit workloads miss each step of such a walk. The longer hidden ranges in that span
+    /// stay hidden, and a single pick is not enough: giving back either way mispredicts
+    /// random-size workloads.
     fn free_hidden_above(&mut self, req: &AllocRequest, addr: u64, predicted: u64) {
         if predicted <= addr || req.align > self.model.params().page_size {
             return;
@@ -1755,9 +1749,9 @@ impl<'o> Replayer<'o> {
     /// free, so the model's lazy set follows the kernel's from here on; without the swap the
     /// area stayed outside the model, and its free went missing from every later backlog.
     fn swap_purged(&mut self, addr: u64, size: u64) -> bool {
-        // The kernel may reuse the start of the purged area for a smaller one: the swap is by
-        // the lazy area's size (an older random-size trace of 1 Dec: a 9-page area reused for
-        // 8 pages left 158 frees wrong until the next purge).
+        // The kernel may reuse the start of the purged area for a smaller one (a 9-page area
+        // reused for 8 pages): the swap is by the lazy area's size, or every free until the
+        // next purge disagrees.
         let size = match self.model.lazy().find(addr) {
             Some((_, a)) if a.size >= size => a.size,
             _ => return false,
@@ -1801,9 +1795,8 @@ impl<'o> Replayer<'o> {
     /// are the frees between the purge event and this one (observed backlog, pages). Those that
     /// reported less were added after the subtraction, so after this free, and the kernel's
     /// backlog for it lacks their pages, which the model's holds: the difference is looked for
-    /// with and without them. On a fresh 20 s fix-size capture of 2 Dec a free reported the
-    /// backlog from before a purge's subtraction two frees after the purge event, behind one
-    /// added after it: 1 of its 4 `nr_lazy` misses.
+    /// with and without them (a free two after the purge event can report the backlog from
+    /// before the subtraction, behind one added after it).
     fn last_purge_nodes_explain(
         &self,
         observed: u64,
@@ -1844,9 +1837,8 @@ impl<'o> Replayer<'o> {
     /// batches of a set of the purge's nodes, the closest reports `b` more than this free's
     /// backlog without its own `pages`, the next `b` more than that less the closest's pages,
     /// and so on. Anything looser let a steady offset after a purge pass (a free simply next in
-    /// order reports more, and less than `b` above). On a fresh 20 s fix-size capture of 2 Dec
-    /// this read the free right before the one [`Replayer::last_purge_nodes_explain`] read, and
-    /// no `nr_lazy` miss was left there after warm-up.
+    /// order reports more, and less than `b` above). It reads, for instance, the free right
+    /// before one that [`Replayer::last_purge_nodes_explain`] reads.
     fn added_before_across_purge(
         &self,
         observed: u64,
@@ -1891,15 +1883,14 @@ impl<'o> Replayer<'o> {
 
     /// A node's loop ended with a drop below its deferred batch, while the purge's count is
     /// right: the detach race went the other way for its newest frees
-    /// ([`Model::move_batch_tail`], with the one other node still held). Before, every node was
-    /// subtracted and each free until the purge event disagreed by the other node's batch (1
-    /// Dec 2026, 20 s fix-size capture: 9 of the 19 `nr_lazy` misses). The race also goes the
-    /// other way round: a drop above the node's batch and below both nodes' together is that
-    /// node's batch grown by its next frees, and the other's shrunk by as many of its newest.
-    /// That is settled only when the areas that would join add up to the difference exactly
-    /// (2 Dec 2026: a fresh 8 s full-fit capture, where one 3-page area of the other node's
-    /// batch had been the finishing node's, left 21 frees 8 427 pages off until the event).
-    /// True when the drop is settled either way.
+    /// ([`Model::move_batch_tail`], with the one other node still held). Without it every node
+    /// is subtracted and each free until the purge event disagrees by the other node's batch.
+    /// The race also goes the other way round: a drop above the node's batch and below both
+    /// nodes' together is that node's batch grown by its next frees, and the other's shrunk by
+    /// as many of its newest. That is settled only when the areas that would join add up to the
+    /// difference exactly (one small area of the other node's batch that was the finishing
+    /// node's otherwise leaves every free until the event thousands of pages off). True when
+    /// the drop is settled either way.
     fn move_batch_tail(&mut self, dropped: u64, held: &[(u32, u64)]) -> bool {
         let (Some(p), [a, b]) = (self.early.as_mut(), held) else {
             return false;
@@ -1941,9 +1932,9 @@ impl<'o> Replayer<'o> {
     /// less, the closest below `observed` first, or `predicted - observed` those of the frees
     /// since the model's last purge step that reported more, the closest above first. Only the
     /// closest count: a node's decrement comes before the purge's event, so frees read ahead
-    /// past it report far less without having been added earlier (on the 20 s fix-size capture
-    /// of 1 Dec, counting every free that reported less left 16 such reorders unexplained).
-    /// Counted as agreement (`nr_lazy_reordered` says how often).
+    /// past it report far less without having been added earlier, and counting every free that
+    /// reported less would leave such reorders unexplained. Counted as agreement
+    /// (`nr_lazy_reordered` says how often).
     fn add_order_explains(
         &self,
         observed: u64,
@@ -2126,14 +2117,11 @@ impl std::fmt::Display for AllocContext {
 const HIDDEN_POOL_SPAN: usize = 512;
 
 /// How many kernel picks in a row, each at the top of a hidden range and right below the last,
-/// [`Replayer::split_merged_pool`] waits for before it splits the range. Swept on the eight
-/// recordings of 1 Dec (placement after warm-up, misses): 3 split 119 ranges on full-fit
-/// (7,493) but cost 20 s fix-size 6; 4 cost 20 s fix-size 12 (these small
-/// losses do not fall with the run); 5 split 111 (7,703) and lost nowhere
-/// (fix-size 20 s gained 35); 10 split 101 (8,176). Splitting at the second pick, as soon as
-/// one top pick followed another, cost 20 s fix-size 75: a descending walk through free
-/// space the model had hidden in one piece also takes tops, 1 time in 18 of a size that
-/// divides the range.
+/// [`Replayer::split_merged_pool`] waits for before it splits the range. Fewer picks in a row
+/// also split free space that a descending walk takes in hidden stretches (such a walk through
+/// space the model had hidden in one piece also takes tops, now and then of a size that divides
+/// the range), which costs fix-size workloads; more split fewer of full-fit's merged pools. 5 is
+/// the smallest run that costs no recording of the reference set.
 const TOP_PICKS_TO_SPLIT: u32 = 5;
 
 /// Pool entries replay hid as a run: put back in order from the one after an entry the kernel

@@ -51,9 +51,9 @@ impl<'o> Replayer<'o> {
             .map(|n| n.saturating_sub(self.foreign_lazy) as usize);
         // Every node's decay follows the kernel's clock (`decay_due`): its pools are cut right
         // after the previous node's detach (node 0: at the start), and the cut entries reach
-        // the free tree at its own detach. On the 20 s traces of 1 Dec, placement after warm-up
-        // went from 99.24 to 99.58 % (fix-size) and 99.34 to 99.54 % (random-size) against
-        // decaying every node at the start; cutting and freeing at once gave 99.48 / 99.50 %.
+        // the free tree at its own detach. Decaying every node at the start cuts a later
+        // node's pool from the wrong length, and freeing the cut entries at once offers the
+        // free tree space the kernel has not merged back yet; both mispredict placements.
         let mut early = self.model.purge_start_deferring(limit);
         self.plan_joins(&mut early, ahead);
         self.early = Some(early);
@@ -97,8 +97,8 @@ impl<'o> Replayer<'o> {
         self.joins_left.clear();
         let want = p.joiners();
         let nodes = self.model.params().layout.nr_nodes();
-        // From the start alone the detach is too loose a guess to beat free order: on an 8 s
-        // random-size trace without flush times ranking took `nr_lazy` from 99.99 to 99.90 %.
+        // From the start alone the detach is too loose a guess to beat free order: ranking by
+        // it mispredicts more backlogs than taking the next frees in order.
         let Some(d) = self
             .detach
             .as_ref()
@@ -152,8 +152,8 @@ impl<'o> Replayer<'o> {
         let Some(&(va, nr)) = ahead.frees_ahead(1).first() else {
             return;
         };
-        // The area may be allocated after the purge event, and not be in the model yet (on a
-        // mixed 3 x 8 s capture of 1 Dec, one such batch left 7 pages wrong for 319 frees).
+        // The area may be allocated after the purge event, and not be in the model yet; a batch
+        // left unreconciled for want of its size leaves every free until the next purge off.
         let size = self
             .model
             .busy()
@@ -211,8 +211,8 @@ impl<'o> Replayer<'o> {
     /// the start plus its frees up to its own detach, so a node detached earlier than predicted
     /// gave back its newest joined areas and one detached later took its next lazy ones, as
     /// many as the count (right already) allows. The smallest such shift whose pages make up
-    /// `delta` exactly, between any two nodes, is applied (on a 20 s random-size capture of
-    /// 1 Dec, one three-area shift left 530 frees 45 pages off until the next purge).
+    /// `delta` exactly, between any two nodes, is applied (without it, a three-area shift left
+    /// undone leaves every free until the next purge off by its pages).
     fn shift_between_nodes(&mut self, got: &mut crate::model::Purged, delta: i64) -> bool {
         let page = self.model.params().page_size;
         let nodes = self.model.params().layout.nr_nodes() as usize;
@@ -385,17 +385,16 @@ impl<'o> Replayer<'o> {
 
     /// The kernel allocated inside a range the model still holds lazy: its purge has run far
     /// enough to pool or free it. Every remaining node is purged now. Purging only the node
-    /// whose batch holds the range (the kernel's nodes do finish one by one) was measured
-    /// worse: on a fix-size trace recorded at full speed (the purge worker competing with the
-    /// stress for both CPUs) it left the other node's batch lazy for long stretches, 79.97 %
-    /// placement and 96.68 % `nr_lazy` against 83.65 % and 99.72 % this way. A split is made
-    /// only on the stronger evidence of a backlog drop that matches some nodes' batches
+    /// whose batch holds the range (the kernel's nodes do finish one by one) predicts worse:
+    /// when the purge worker competes with the workload for the CPUs, it leaves the other
+    /// node's batch lazy for long stretches, and placement and `nr_lazy` follow it. A split is
+    /// made only on the stronger evidence of a backlog drop that matches some nodes' batches
     /// exactly ([`Replayer::purge_early_dropped`]).
     pub(super) fn purge_early_reused(&mut self, ahead: &dyn DrainLookup) {
         if self.start_early(ahead) {
             // The reuse shows a node's loop under way, not ended: its pages leave the backlog
-            // at the drop a later free reports, or at the event (1 Dec 2026: `nr_lazy` 99.87
-            // to 99.93 % on an 8 s fix-size trace, 99.85 to 99.88 % on a mixed one).
+            // at the drop a later free reports, or at the event, not at the reuse, which the
+            // kernel's `purge_vmap_node` subtracts only after its loop.
             let from = self.early.as_ref().map_or(0, |e| e.so_far().batch.len());
             self.model.defer_subtraction(true);
             self.purge_early_nodes(None);
@@ -409,12 +408,10 @@ impl<'o> Replayer<'o> {
     /// right after the TLB flush; the model has just pushed the batch entries from `from` on at
     /// once. The pooled ones the loops had not reached by now are withheld until their time,
     /// at one pace from the flush to the purge event. An allocation in the meantime finds the
-    /// pools as the loops left them: on the 20 s captures of 1 Dec, placement after warm-up
-    /// went from 99.61 to 99.68 % (fix-size) and 99.41 to 99.55 % (thread-churn), and from
-    /// 98.99 to 99.52 % on a mixed one, mostly through fewer wrong pool hits and the hiding
-    /// they led to. Half or twice that pace did worse on all three. The exact entry the kernel
-    /// takes mid-loop still differs often: its pace jitters by more than the gap between two
-    /// areas (about 90 ns).
+    /// pools as the loops left them, which spares wrong pool hits and the hiding they would
+    /// lead to. Half or twice that pace predicts worse. The exact entry the kernel takes
+    /// mid-loop still differs often: its pace jitters by more than the gap between two areas
+    /// (about 90 ns).
     pub(super) fn loop_progress(&mut self, from: usize, ahead: &dyn DrainLookup) {
         let (Some(e), Some(flush), Some((_, end))) = (
             self.early.as_ref(),

@@ -6,8 +6,8 @@
 
 //!
 //! Allocations, frees and purges (nearly every line of a trace) are written by hand into one
-//! reused buffer: serde's generic path allocated a `Vec` per line, escaped every key and hex
-//! string and went through its flatten machinery, which together were most of the recorder's
+//! reused buffer: serde's generic path allocates a `Vec` per line, escapes every key and hex
+//! string and goes through its flatten machinery, which together are most of the recorder's
 //! CPU time (a profile during `stress fix-size`: 19 % string escaping, 10 % malloc/free). The
 //! bytes are the same as serde_json's, which a property test checks.
 
