@@ -10,6 +10,7 @@ mod bench;
 mod bench_model;
 mod cmd;
 mod elf;
+mod fidelity;
 mod run;
 mod setup;
 mod test;
@@ -82,6 +83,17 @@ enum Task {
     /// $XDG_CACHE_HOME/vmtrace/testbox (default ~/.cache/vmtrace/testbox); later runs are
     /// offline. The guest's console log goes to --console (default target/testbox/console.log).
     Testbox(testbox::TestboxArgs),
+    /// Strict and explained replay figures, and the free-running validation, on a train/test
+    /// corpus of real recordings (see docs/fidelity.md).
+    ///
+    /// The corpus (every stress pattern with 1 and 2 threads, 10 s each) is recorded once, as
+    /// root, into $XDG_CACHE_HOME/vmtrace/corpus (default ~/.cache/vmtrace/corpus), with a
+    /// manifest of SHA-256 sums that later runs check. Each recording is replayed in observed
+    /// timing; the simulation is calibrated on the `train` recordings alone and validated
+    /// free-running on all of them. Prints per-recording and pooled figures per split and
+    /// writes target/fidelity/fidelity.json; `--against OLD.json` prints what moved. A rule
+    /// or constant lands only if the `test` figures do not get worse.
+    Fidelity(fidelity::FidelityArgs),
 }
 
 fn main() -> ExitCode {
@@ -93,6 +105,7 @@ fn main() -> ExitCode {
         Task::Bench(args) => bench::bench(&args),
         Task::BenchModel(args) => bench_model::bench_model(&args),
         Task::Testbox(args) => testbox::testbox(&args),
+        Task::Fidelity(args) => fidelity::fidelity(&args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
