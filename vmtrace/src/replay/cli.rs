@@ -327,6 +327,28 @@ fn render_calibration(c: &Calibration) -> String {
             );
         }
     }
+    match &c.follow_up {
+        Some(f) => {
+            let n = f.counts;
+            let _ = writeln!(
+                s,
+                "  follow-up drains (queued again while running): {} of {} items that started among frees of 2+ CPUs ({:.1} %), {} of {} that did not ({:.1} %); {} ns median from the followed item's start (sampled per purge)",
+                n.concurrent_followed,
+                n.concurrent_items,
+                100.0 * f.probability(true),
+                n.lone_followed,
+                n.lone_items,
+                100.0 * f.probability(false),
+                f.delay.p50_ns
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "  follow-up drains: not measured (needs --probes purge_work); free-running replay runs none"
+            );
+        }
+    }
     if let Some(d) = &c.drop_delay {
         let _ = writeln!(
             s,

@@ -253,7 +253,7 @@ pub fn render_comparison(w: &[WhatIf]) -> String {
     for v in w {
         let _ = writeln!(
             o,
-            "  {} ({} allocs, {} frees over {:.3} ms of trace, {:.3} ms simulated, on {} CPUs; {} frees of unknown areas{}):",
+            "  {} ({} allocs, {} frees over {:.3} ms of trace, {:.3} ms simulated, on {} CPUs; {} frees of unknown areas; {} purges, {} of them follow-ups{}):",
             v.variant.name(),
             v.allocs,
             v.frees,
@@ -261,6 +261,8 @@ pub fn render_comparison(w: &[WhatIf]) -> String {
             v.makespan_ns as f64 / 1e6,
             v.cpus,
             v.frees_unknown,
+            v.purges,
+            v.follow_up_purges,
             match (v.late_starts, v.unfinished_ops) {
                 (0, 0) => String::new(),
                 (l, 0) => format!("; {l} operations started late (pending cap)"),

@@ -42,6 +42,13 @@ fn rearm_delay(start: u64, last_high: u64, first_low: u64) -> u64 {
     (last_high / 2 + first_low / 2).saturating_sub(start)
 }
 
+/// A drain item counts as started among concurrent frees when at least two CPUs freed within
+/// this long before it: the CPU the worker does not take goes on freeing, and its frees exceed
+/// the threshold until the purge subtracts its pages, which queues the item again. Chosen on
+/// the `train` recordings of `cargo xtask fidelity` from 50 µs, 200 µs and 1 ms, as the window
+/// whose follow-up share varied least between workloads and thread counts.
+pub const FOLLOW_UP_WINDOW_NS: u64 = 1_000_000;
+
 /// At most this many points of the drain-latency distribution are kept: enough to sample its
 /// shape, little enough to read in a calibration file.
 const DRAIN_QUANTILES: usize = 201;
@@ -60,7 +67,14 @@ pub struct Scan {
     drain_latencies: Vec<u64>,
     /// Recent frees: `(ts, above the threshold)`, to find when each drain's purge took its
     /// pages out of the backlog.
-    recent_frees: VecDeque<(u64, bool)>,
+    recent_frees: VecDeque<(u64, u32, bool)>,
+    /// The last drain item: its start, its end, and whether it started among concurrent
+    /// frees; classified as followed up or not when the next item shows what queued it.
+    prev_item: Option<(u64, u64, bool)>,
+    follow_ups: FollowUpCounts,
+    /// Follow-up items: from the item they followed's start, and from its end, to theirs.
+    follow_up_delays: Vec<u64>,
+    follow_up_gaps: Vec<u64>,
     /// A drain item whose drop no free has shown yet: its start and the last free above the
     /// threshold seen since.
     rearm_pending: Option<(u64, u64)>,
@@ -99,7 +113,7 @@ impl Scan {
                 if high {
                     self.over_threshold.push_back(f.ctx.ts_ns);
                 }
-                self.free_seen(f.ctx.ts_ns, high);
+                self.free_seen(f.ctx.ts_ns, f.ctx.cpu, high);
             }
             Record::Contention(c) if c.wait_ns > 0 => {
                 self.waits.entry(c.class).or_default().push(c.wait_ns);
@@ -122,21 +136,40 @@ impl Scan {
         while self.over_threshold.front().is_some_and(|&t| t < after) {
             self.over_threshold.pop_front();
         }
-        if let Some(&t) = self.over_threshold.front() {
-            if t <= start {
-                self.drain_latencies.push(start - t);
+        let trigger = self.over_threshold.front().copied().filter(|&t| t <= start);
+        if let Some(t) = trigger {
+            self.drain_latencies.push(start - t);
+        }
+        let end = start.saturating_add(w.duration_ns);
+        // The previous item was followed up when this one was queued while it still ran: the
+        // pending bit had cleared at its start, and its purge had not yet taken its pages out.
+        if let Some((p_start, p_end, p_active)) = self.prev_item.take() {
+            let followed = trigger.is_some_and(|t| t < p_end);
+            self.follow_ups.add(p_active, followed);
+            if followed {
+                self.follow_up_delays.push(start.saturating_sub(p_start));
+                self.follow_up_gaps.push(start.saturating_sub(p_end));
             }
         }
+        let window_start = start.saturating_sub(FOLLOW_UP_WINDOW_NS);
+        let mut cpus = self
+            .recent_frees
+            .iter()
+            .filter(|&&(t, _, _)| t >= window_start && t < start)
+            .map(|&(_, cpu, _)| cpu);
+        let active = cpus
+            .next()
+            .is_some_and(|first| cpus.any(|cpu| cpu != first));
+        self.prev_item = Some((start, end, active));
         while self.over_threshold.front().is_some_and(|&t| t <= start) {
             self.over_threshold.pop_front();
         }
         self.last_drain_start = Some(start);
         self.find_drop(start);
-        let end = start.saturating_add(w.duration_ns);
         self.frees_in_drains += self
             .recent_frees
             .iter()
-            .filter(|&&(t, _)| t >= start && t <= end)
+            .filter(|&&(t, _, _)| t >= start && t <= end)
             .count() as u64;
         self.drain_run_ns += w.duration_ns;
         if let Some((ts, npurged)) = self.last_purge.take() {
@@ -148,7 +181,7 @@ impl Scan {
 
     /// A free, for the drop after each drain. Frees older than [`RECENT_FREES_NS`] cannot
     /// belong to a drain item whose record is still to come.
-    fn free_seen(&mut self, ts: u64, high: bool) {
+    fn free_seen(&mut self, ts: u64, cpu: u32, high: bool) {
         if let Some((start, last_high)) = self.rearm_pending {
             if high {
                 self.rearm_pending = Some((start, ts));
@@ -158,11 +191,11 @@ impl Scan {
             }
         }
         self.frees += 1;
-        self.recent_frees.push_back((ts, high));
+        self.recent_frees.push_back((ts, cpu, high));
         while self
             .recent_frees
             .front()
-            .is_some_and(|&(t, _)| t.saturating_add(RECENT_FREES_NS) < ts)
+            .is_some_and(|&(t, _, _)| t.saturating_add(RECENT_FREES_NS) < ts)
         {
             self.recent_frees.pop_front();
         }
@@ -172,7 +205,7 @@ impl Scan {
     /// longer exceeds the threshold shows that its purge's pages left the backlog.
     fn find_drop(&mut self, start: u64) {
         let mut last_high = start;
-        for &(t, high) in self.recent_frees.iter().filter(|&&(t, _)| t >= start) {
+        for &(t, _, high) in self.recent_frees.iter().filter(|&&(t, _, _)| t >= start) {
             if high {
                 last_high = t;
             } else {
@@ -203,6 +236,77 @@ impl Scan {
     /// Drain items whose queueing free was found.
     pub fn drain_latencies(&self) -> &[u64] {
         &self.drain_latencies
+    }
+
+    /// Drain items followed up, by whether they started among concurrent frees.
+    pub fn follow_ups(&self) -> FollowUpCounts {
+        self.follow_ups
+    }
+}
+
+/// Drain items, and how many of them were followed up by another item queued while they ran,
+/// split by whether two or more CPUs freed in the [`FOLLOW_UP_WINDOW_NS`] before them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowUpCounts {
+    pub concurrent_items: u64,
+    pub concurrent_followed: u64,
+    pub lone_items: u64,
+    pub lone_followed: u64,
+}
+
+impl FollowUpCounts {
+    fn add(&mut self, concurrent: bool, followed: bool) {
+        if concurrent {
+            self.concurrent_items += 1;
+            self.concurrent_followed += u64::from(followed);
+        } else {
+            self.lone_items += 1;
+            self.lone_followed += u64::from(followed);
+        }
+    }
+
+    fn merge(&mut self, o: FollowUpCounts) {
+        self.concurrent_items += o.concurrent_items;
+        self.concurrent_followed += o.concurrent_followed;
+        self.lone_items += o.lone_items;
+        self.lone_followed += o.lone_followed;
+    }
+}
+
+/// How often a drain item is followed by another, and when that one starts.
+///
+/// `__purge_vmap_area_lazy` detaches every node's lazy list first and subtracts a node's pages
+/// from `vmap_lazy_nr` only at the end of its `purge_vmap_node`. A free in between still finds
+/// the backlog above `lazy_max_pages` and calls `schedule_work`, which queues the item again
+/// because its pending bit cleared when it started. The follow-up purges what was freed in the
+/// meantime, a few areas. Whether such a free comes depends on a CPU the worker does not occupy
+/// going on freeing, so the share is kept apart for items that started among frees of two or
+/// more CPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FollowUp {
+    pub window_ns: u64,
+    pub counts: FollowUpCounts,
+    /// From the followed item's start to the follow-up's start (trace time).
+    pub delay: DrainLatency,
+    /// From the followed item's end to the follow-up's start (the worker's queueing delay).
+    pub gap: DrainLatency,
+}
+
+impl FollowUp {
+    /// The chance that an item is followed up, given whether it started among concurrent
+    /// frees.
+    pub fn probability(&self, concurrent: bool) -> f64 {
+        let c = self.counts;
+        let (n, k) = if concurrent {
+            (c.concurrent_items, c.concurrent_followed)
+        } else {
+            (c.lone_items, c.lone_followed)
+        };
+        if n == 0 {
+            0.0
+        } else {
+            k as f64 / n as f64
+        }
     }
 }
 
@@ -352,6 +456,9 @@ pub struct Calibration {
     /// drain would have held back past its drop cannot queue it again.
     #[serde(default)]
     pub drain_free_rate_ratio: Option<f64>,
+    /// Drain items queued again while they ran; `None` from traces without `work` records.
+    #[serde(default)]
+    pub follow_up: Option<FollowUp>,
     pub holds: Vec<HoldEstimate>,
     /// Every cost, measured or default, and why.
     pub provenance: Vec<Provenance>,
@@ -539,6 +646,8 @@ pub fn calibrate(
     let mut runs = Vec::new();
     let mut latencies = Vec::new();
     let mut rearm = Vec::new();
+    let mut follow_counts = FollowUpCounts::default();
+    let (mut follow_delays, mut follow_gaps) = (Vec::new(), Vec::new());
     let (mut in_drains, mut run_ns, mut frees, mut span) = (0u64, 0u64, 0u64, 0u64);
     for t in traces {
         in_drains += t.scan.frees_in_drains;
@@ -567,6 +676,9 @@ pub fn calibrate(
         }
         drain.extend_from_slice(&t.scan.drain_latencies);
         rearm.extend_from_slice(&t.scan.rearm_delays);
+        follow_counts.merge(t.scan.follow_ups);
+        follow_delays.extend_from_slice(&t.scan.follow_up_delays);
+        follow_gaps.extend_from_slice(&t.scan.follow_up_gaps);
         runs.extend_from_slice(&t.scan.purge_runs);
         latencies.extend_from_slice(&t.scan.latencies);
     }
@@ -717,6 +829,18 @@ pub fn calibrate(
         tails,
         drain_latency,
         drop_delay: DrainLatency::from_samples(&rearm),
+        follow_up: match (
+            DrainLatency::from_samples(&follow_delays),
+            DrainLatency::from_samples(&follow_gaps),
+        ) {
+            (Some(delay), Some(gap)) => Some(FollowUp {
+                window_ns: FOLLOW_UP_WINDOW_NS,
+                counts: follow_counts,
+                delay,
+                gap,
+            }),
+            _ => None,
+        },
         drain_free_rate_ratio: (run_ns > 0 && frees > 0)
             .then(|| (in_drains as f64 / run_ns as f64) / (frees as f64 / span.max(1) as f64)),
         holds,
@@ -818,6 +942,90 @@ mod tests {
         assert_eq!(d.sample(0.0), 1_000);
         assert_eq!(d.sample(0.5), 2_500);
         assert_eq!(d.sample(0.999_999), 4_000);
+    }
+
+    #[test]
+    fn an_item_queued_while_the_previous_ran_is_its_follow_up() {
+        use crate::trace::{Ctx, Free, KAddr, Work};
+        let ctx = |ts, cpu| Ctx {
+            ts_ns: ts,
+            cpu,
+            tgid: 1,
+            pid: 1,
+            comm: "t".into(),
+        };
+        let free = |ts, cpu, nr_lazy| {
+            Record::Free(Free {
+                ctx: ctx(ts, cpu),
+                va_start: KAddr(0x1000),
+                nr_lazy,
+                nr_lazy_max: 100,
+            })
+        };
+        let work = |end, start| {
+            Record::Work(Work {
+                ctx: ctx(end, 0),
+                function: DRAIN_FUNCTION.into(),
+                function_addr: KAddr(1),
+                work: KAddr(2),
+                start_ns: start,
+                duration_ns: end - start,
+                start_cpu: 0,
+                nr_purged: None,
+                flush_ns: None,
+            })
+        };
+        let ms = 1_000_000;
+        let mut s = Scan::default();
+        for r in [
+            // Item 1 starts at 10 ms among frees of CPUs 0 and 1; CPU 1 frees above the
+            // threshold while it runs: item 2 follows it.
+            free(9 * ms, 0, 90),
+            free(9 * ms + 500_000, 1, 101),
+            free(10 * ms + 20_000, 1, 103),
+            work(10 * ms + 100_000, 10 * ms),
+            // Item 2 starts at 10.15 ms: nothing queues anything while it runs.
+            free(10 * ms + 140_000, 1, 104),
+            work(10 * ms + 200_000, 10 * ms + 150_000),
+            free(10 * ms + 300_000, 1, 10),
+            // Item 3, 40 ms later, among frees of CPU 1 alone (CPU 0's are older than the
+            // window): queued well after item 2 ended, so item 2 was not followed up.
+            free(48 * ms, 0, 50),
+            free(50 * ms - 200_000, 1, 120),
+            free(50 * ms - 100_000, 1, 121),
+            work(50 * ms + 90_000, 50 * ms),
+            // Item 4, queued after item 3 ended.
+            free(50 * ms + 95_000, 1, 130),
+            work(50 * ms + 200_000, 50 * ms + 100_000),
+        ] {
+            s.record(&r);
+        }
+        let c = s.follow_ups();
+        assert_eq!(
+            c,
+            FollowUpCounts {
+                concurrent_items: 1,
+                concurrent_followed: 1,
+                lone_items: 2,
+                lone_followed: 0,
+            }
+        );
+        assert_eq!(s.follow_up_delays, vec![150_000]);
+        assert_eq!(s.follow_up_gaps, vec![50_000]);
+        let cal = calibrate(
+            &[TraceTiming {
+                scan: s,
+                sections: LockCounts::default(),
+            }],
+            Costs::default(),
+            Machine::default(),
+            "t".into(),
+        )
+        .unwrap();
+        let fu = cal.follow_up.expect("a follow-up was measured");
+        assert_eq!(fu.probability(true), 1.0);
+        assert_eq!(fu.probability(false), 0.0);
+        assert_eq!(fu.delay.sample(0.5), 150_000);
     }
 
     #[test]

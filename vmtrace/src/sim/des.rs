@@ -840,7 +840,8 @@ impl Des {
             let latency = run.op.drain_latency_ns.unwrap_or(self.worker_latency);
             self.worker_starts.push_back(t.saturating_add(latency));
             let w = self.worker;
-            if self.actors[w].running.is_none() && !self.actors[w].scheduled {
+            // A purge that queues the next one is the worker itself: it is scheduled below.
+            if w != a && self.actors[w].running.is_none() && !self.actors[w].scheduled {
                 let at = self.worker_starts[0].max(t);
                 self.schedule(w, at);
             }
