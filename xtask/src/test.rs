@@ -213,6 +213,25 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
         ]);
         steps.push(Step::command(format!("privileged test {target}"), c));
     }
+    if is_root() {
+        // The whole fidelity pipeline on a short corpus of its own (record, replay strict and
+        // explained, calibrate on train, validate free-running): it fails on any broken link,
+        // and its figures are printed but not judged (3 s recordings are too short for that;
+        // the privileged tests assert floors).
+        steps.push(Step::new("fidelity pipeline (3 s corpus)", || {
+            let out = cmd::metadata()?.target_directory.join("fidelity-ci");
+            crate::fidelity::fidelity(&crate::fidelity::FidelityArgs {
+                corpus: Some(out.join("corpus")),
+                record: true,
+                duration: "3s".into(),
+                json: false,
+                against: None,
+                no_free_running: false,
+                vmtrace: Some(crate::run::build_release()?),
+                out: Some(out),
+            })
+        }));
+    }
     for (package, target) in guest {
         steps.push(Step::new(format!("test box guest {target}"), move || {
             let mut c = test_cmd();
