@@ -16,4 +16,5 @@ pub mod summary;
 pub mod synth;
 pub mod trace;
 pub mod tui;
+pub mod value_parsers;
 pub mod workload;

@@ -16,23 +16,85 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use clap::Args;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::RecordArgs;
 use crate::host::system::{self, SystemFacts};
 use crate::host::vmallocinfo;
 use crate::live::EventRings;
 use crate::probe::contention::Classifier;
+use crate::probe::selection::{resolve_probes, DEFAULT_PROBES};
 use crate::probe::LoadedProbes;
 use crate::trace::{
     self, ClassTotal, EventCounts, Footer, Header, KAddr, LadderCounts, LadderStats, LockClass,
     Meminfo, Record, StopReason, Tool, TraceWriter, VmallocSnapshot, VmapFacts,
 };
+use crate::value_parsers::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Output trace file (JSON Lines). `-` writes to stdout.
+    #[arg(short, long, default_value = "vmtrace.jsonl")]
+    pub output: PathBuf,
+
+    /// Stop after this long (e.g. `10s`, `1m30s`). Without it, record until Ctrl-C, SIGTERM or
+    /// the end of COMMAND.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Total size of the BPF ring buffers in MiB (a power of two), split into one ring per CPU (up
+    /// to eight). Bigger absorbs longer reader stalls.
+    #[arg(long, default_value_t = 64)]
+    pub ring_mib: u32,
+
+    /// Do not print the end-of-recording summary on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// Print the end-of-recording summary as JSON on stdout (ignored with `-o -`).
+    #[arg(long)]
+    pub json: bool,
+
+    /// How often to sample /proc/meminfo PageTables and VmallocUsed into the trace; `0` turns
+    /// sampling off.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub meminfo_interval: Option<Duration>,
+
+    /// Sample /proc/allocinfo (memory allocation profiling) into the trace this often: totals,
+    /// page-table pages (`pagetable_alloc`) and the vmalloc allocator's own tags, so a replay can
+    /// put observed page-table growth beside the model's. Off unless given; when the file is
+    /// missing vmtrace says why once and records without it.
+    #[arg(long, value_parser = parse_duration)]
+    pub allocinfo_interval: Option<Duration>,
+
+    /// The allocinfo file to sample (tests point it at a fixture).
+    #[arg(long, default_value = "/proc/allocinfo", hide = true)]
+    pub allocinfo_path: PathBuf,
+
+    /// Optional probes to attach besides the three vmalloc tracepoints, comma-separated:
+    /// lock_waits, purge_work, page_tables, backing_pages, alloc_latency, `all` or `none`.
+    /// page_tables and backing_pages hook kmem:mm_page_alloc, which fires for every page the
+    /// kernel allocates, so they cost the most (see docs/probes.md); `vmtrace probes` shows
+    /// which rung each would use here.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_PROBES)]
+    pub probes: Vec<String>,
+
+    /// Command to run while recording, like `perf record -- cmd`. Recording stops when it exits.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+impl RecordArgs {
+    /// `--probes` resolved to logical probe names, refusing unknown ones with the list of valid
+    /// names.
+    pub fn wanted_probes(&self) -> Result<Vec<&'static str>, String> {
+        resolve_probes(&self.probes)
+    }
+}
 
 /// Exit status when events were lost: the trace is complete as a file but not as a record.
 pub const EXIT_LOST_EVENTS: u8 = 3;

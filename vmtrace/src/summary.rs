@@ -7,13 +7,24 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use clap::Args;
 use serde::Serialize;
 
-use crate::cli::SummaryArgs;
 use crate::trace::{AreaKind, EventCounts, Footer, Header, ReadError, Record, TraceReader};
+
+#[derive(Debug, Args)]
+pub struct SummaryArgs {
+    /// Trace file to summarise (`-` for stdin).
+    pub trace: PathBuf,
+
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Summary {

@@ -160,7 +160,7 @@ pub struct DiffArgs {
 #[derive(Debug, Args)]
 pub struct WatchArgs {
     /// Time between samples (`1s`, `500ms`, `2m`; a bare number is seconds).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::value_parsers::parse_duration)]
     pub interval: Duration,
 
     /// Print at most N changed rows per update, largest change first.

@@ -1,25 +1,12 @@
 //! What a snapshot of /proc/allocinfo holds, independent of the text format it came in.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::error::ParseError;
 
-/// The identity of an allocation tag.
-///
-/// file:line alone is not enough: macros and inlined helpers put several tags on one line, and a
-/// module's tags share file names with built-in code, so all four fields are the key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TagKey {
-    pub file: String,
-    pub line: u32,
-    /// The loadable module (`[mod]` since v6) or, in pre-merge captures, the KBUILD_MODNAME that
-    /// every line carried (`module:NAME`, even for built-in code). `None` means built-in.
-    pub module: Option<String>,
-    pub function: String,
-}
+pub use crate::trace::wire::{Counts, Tag, TagKey};
 
 impl fmt::Display for TagKey {
     /// The kernel's own `codetag_to_text()` layout, so users can grep their captures for it.
@@ -32,23 +19,6 @@ impl fmt::Display for TagKey {
     }
 }
 
-/// One line of /proc/allocinfo. (De)serializable so traces can carry allocinfo samples.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tag {
-    #[serde(flatten)]
-    pub key: TagKey,
-    /// Signed because the kernel prints it with `%lli`: a free charged to another tag can drive
-    /// one below zero.
-    pub bytes: i64,
-    pub calls: u64,
-    /// False for `accurate:no` (v2.0): the absolute values are too low because some allocations
-    /// could not be tracked, but deltas between two snapshots are still exact.
-    pub accurate: bool,
-    /// Other `key:value` pairs of v2.0+ lines, kept so that a newer kernel's markers are not lost.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, String>,
-}
-
 impl Tag {
     pub fn counts(&self) -> Counts {
         Counts {
@@ -56,14 +26,6 @@ impl Tag {
             calls: self.calls,
         }
     }
-}
-
-/// Bytes and calls, summed with saturation: parsed input can hold any i64, and an overflowing
-/// total must not abort a report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub bytes: i64,
-    pub calls: u64,
 }
 
 impl Counts {
@@ -200,6 +162,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn key_prints_like_the_kernel() {

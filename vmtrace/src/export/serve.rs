@@ -37,7 +37,7 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
 
     /// Optional probes to attach, as for `vmtrace record --probes`.
-    #[arg(long, value_delimiter = ',', default_value = crate::cli::DEFAULT_PROBES)]
+    #[arg(long, value_delimiter = ',', default_value = crate::probe::selection::DEFAULT_PROBES)]
     pub probes: Vec<String>,
 
     /// Total size of the BPF ring buffers in MiB (a power of two), one ring per CPU up to eight.
@@ -124,7 +124,8 @@ struct EventConfig {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let wanted = crate::cli::resolve_probes(&args.probes).map_err(anyhow::Error::msg)?;
+    let wanted =
+        crate::probe::selection::resolve_probes(&args.probes).map_err(anyhow::Error::msg)?;
     let ring_bytes = u64::from(args.ring_mib) << 20;
     // Bound before the capabilities go, so a port below 1024 still works.
     let listener = std::net::TcpListener::bind(args.listen)

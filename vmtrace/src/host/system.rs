@@ -1,7 +1,5 @@
 //! CPU counts, page size, clocks and the vmap-node parameters the kernel derives from them.
 
-use serde::{Deserialize, Serialize};
-
 use super::{read_to_string, HostError};
 
 /// Parses a kernel CPU list such as `0-3,5,7-8` into the number of CPUs it names.
@@ -58,20 +56,7 @@ pub fn lazy_max_pages(online_cpus: u32, page_size: u64) -> u64 {
     fls * ((32 << 20) / page_size)
 }
 
-/// Kernel and CPU facts that go into the trace header.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SystemFacts {
-    pub kernel_release: String,
-    pub kernel_version: String,
-    pub machine: String,
-    pub hostname: String,
-    pub page_size: u64,
-    pub possible_cpus: u32,
-    pub possible_cpu_list: String,
-    pub online_cpus: u32,
-    pub online_cpu_list: String,
-    pub btf: bool,
-}
+pub use crate::trace::wire::SystemFacts;
 
 impl SystemFacts {
     pub fn read() -> Result<Self, HostError> {

@@ -47,16 +47,7 @@ fn mount_tracefs() -> Result<(), HostError> {
     }
 }
 
-/// One `field:` line of a format file.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Field {
-    pub name: String,
-    /// The C declaration as the kernel prints it, e.g. `unsigned long addr`.
-    pub decl: String,
-    pub offset: u16,
-    pub size: u8,
-    pub signed: bool,
-}
+pub use crate::trace::wire::Field;
 
 /// A parsed `events/<category>/<name>/format` file.
 #[derive(Clone, Debug, PartialEq, Eq)]

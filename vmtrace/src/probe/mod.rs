@@ -11,6 +11,7 @@ pub mod decode;
 pub mod ladder;
 pub mod loader;
 pub mod raw;
+pub mod selection;
 pub mod table;
 
 pub use decode::decode;

@@ -5,11 +5,18 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use clap::Args;
 
-use crate::cli::ProbesArgs;
 use crate::trace::ProbeInfo;
 
 use super::LoadedProbes;
+
+#[derive(Debug, Args)]
+pub struct ProbesArgs {
+    /// Print the table as JSON (the trace header's `probes` array).
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// The smallest ring buffer the loader accepts on 4 KiB pages is one page; 1 MiB is plenty for
 /// the moment the probes are attached here.

@@ -2,17 +2,157 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
+use clap::Args;
 
 use super::charts::{write_report, ReportInput};
 use super::free_run::{fit_costs, free_run, FreeRunOptions};
 use super::{render_comparison, render_fit, render_text, replay, ReplayOptions};
-use crate::cli::{CalibrateArgs, ReplayArgs};
 use crate::model::Variant;
 use crate::sim::calibration::{self, Calibration, Machine, Scan, TraceTiming};
 use crate::trace::TraceReader;
+use crate::value_parsers::parse_duration;
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Trace file recorded by `vmtrace record` (`-` for stdin).
+    pub trace: PathBuf,
+
+    /// Allocator design to replay with: `nodes` (the current kernel, default), `nodes-capped`
+    /// (pool length capped at lazy_max_pages, the Feb 2024 proposal) or `global` (v6.2–v6.8: one
+    /// lock, merging lazy tree, no pools). Repeat to compare several.
+    #[arg(long = "variant", value_name = "V", value_parser = parse_variant)]
+    pub variants: Vec<crate::model::Variant>,
+
+    /// Print the reports as JSON (an array, one object per variant).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Fail on the first warning (free of an unknown address, timestamps going backwards, bad
+    /// request) instead of counting it.
+    #[arg(long)]
+    pub strict: bool,
+
+    /// Replay causally only: read no record ahead and score every event before using it, so
+    /// that every figure is a strict one (see "Strict and explained figures" in
+    /// docs/model.md). Without it the strict figures are still computed, beside the explained
+    /// ones, in the same read of the trace.
+    #[arg(long)]
+    pub causal: bool,
+
+    /// What-if: number of vmap nodes instead of the trace header's (the zone size follows the
+    /// kernel's rule: 16 pages, or 1 byte for a single node).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub nodes: Option<u32>,
+
+    /// What-if: vmap zone size in pages instead of the trace header's (or the kernel's 16 with
+    /// --nodes). addr_to_node deals zones of this size to the nodes round-robin, so it decides
+    /// which node's busy and lazy lists, and locks, an area belongs to.
+    #[arg(long, value_name = "PAGES", value_parser = clap::value_parser!(u64).range(1..=(1 << 40)))]
+    pub zone_pages: Option<u64>,
+
+    /// What-if: lazy_max_pages (drain threshold, in pages) instead of the trace header's.
+    #[arg(long, value_name = "PAGES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub lazy_max: Option<u64>,
+
+    /// Write charts (SVG and PNG) and an index.html with the summary tables into DIR, created
+    /// if missing: footprint over time, lazy backlog against the threshold with purges, per-node
+    /// allocation share, lock-wait distribution per class and the variant comparison. Runs the
+    /// free-running what-if for every --variant given (all three when none is) so the charts
+    /// have something to compare.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+
+    /// How many divergences to list with their context.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub divergences: usize,
+
+    /// Observed timing: predicted delay from a drain work item's start (the `purge_work`
+    /// probe's records) to the purge's detach of node 0's lazy list. Frees whose events come
+    /// sooner are predicted in that purge's `npurged`. The defaults of this and
+    /// --detach-node-step are the best pair measured on the 2-CPU 6.18 reference machine
+    /// (docs/model.md).
+    #[arg(long, value_parser = parse_duration, default_value = "15us")]
+    pub detach_delay: Duration,
+
+    /// Observed timing: added to --detach-delay for each node after node 0 (the kernel decays
+    /// a node's pools before it detaches that node's list, one node after another); with a
+    /// recorded TLB flush, each node before the last detaches this long before the next. Replay
+    /// refits it to the trace from the purges already seen, starting from this value, unless
+    /// --no-detach-fit; the report gives the fitted step.
+    #[arg(long, value_parser = parse_duration, default_value = "20us")]
+    pub detach_node_step: Duration,
+
+    /// Observed timing: keep --detach-node-step fixed instead of refitting it from the
+    /// trace's purges (each purge event shows which steps would have predicted its npurged).
+    #[arg(long)]
+    pub no_detach_fit: bool,
+
+    /// Free-running what-if replay: the model picks every address and purges on its own
+    /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,
+    /// page-table slots, purges, lock sections and predicted lock waits per variant. Also done,
+    /// after the fidelity reports, whenever more than one --variant is given.
+    #[arg(long)]
+    pub free_running: bool,
+
+    /// Free-running: delay from the free that crosses the threshold to the drain work's purge
+    /// (`nodes-capped` queues it on the high-priority workqueue: 50 µs).
+    #[arg(long, value_parser = parse_duration, default_value = "1ms")]
+    pub purge_latency: Duration,
+
+    /// Free-running: override one cost of the contention simulation, NAME=NANOSECONDS, e.g.
+    /// `free_area_lock_ns=300` (repeatable; the names and defaults are in docs/model.md).
+    #[arg(long = "cost", value_name = "NAME=NS", value_parser = parse_cost)]
+    pub costs: Vec<(String, u64)>,
+
+    /// Free-running: the simulation's inputs, from a `vmtrace calibrate` file; `builtin` (the
+    /// default) is the calibration shipped for the 2-CPU reference machine, `none` the
+    /// documented round-figure defaults. --cost overrides single costs on top.
+    #[arg(
+        long = "costs",
+        value_name = "FILE|builtin|none",
+        default_value = "builtin"
+    )]
+    pub calibration: String,
+
+    /// Free-running: seed of the sampled drain latencies and long lock holds.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
+    /// Fit the lock costs to the trace's own `contention` (and `latency`) events before the
+    /// what-if comparison, starting from the defaults and any --cost; prints what was fitted.
+    /// Reads the trace once per round, so it needs a file.
+    #[arg(long)]
+    pub fit_costs: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// Traces recorded by `vmtrace record` with `--probes lock_waits,purge_work` (the
+    /// default probes); several are pooled.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+
+    /// Where to write the calibration (JSON); `-` writes it to stdout.
+    #[arg(short, long, default_value = "vmtrace-calibration.json")]
+    pub output: PathBuf,
+
+    /// Print the calibration as JSON on stdout instead of the summary table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_cost(s: &str) -> Result<(String, u64), String> {
+    crate::sim::timing::Costs::parse_override(s).map_err(|e| e.to_string())
+}
+
+fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {
+    s.parse()
+}
 
 /// The calibration measured on the 2-CPU reference machine, regenerated by the command in
 /// docs/model.md ("Calibration").

@@ -54,7 +54,7 @@ pub struct SynthArgs {
     pub busy_list: u64,
 
     /// Delay from a free that crosses the threshold to the drain work's purge.
-    #[arg(long, value_parser = crate::cli::parse_duration, default_value = "1ms")]
+    #[arg(long, value_parser = crate::value_parsers::parse_duration, default_value = "1ms")]
     pub purge_latency: std::time::Duration,
 
     /// The per-CPU timing's costs from a `vmtrace calibrate` file (`builtin`: the one shipped

@@ -6,6 +6,7 @@
 pub mod addr;
 pub mod reader;
 pub mod schema;
+pub mod wire;
 pub mod writer;
 
 pub use addr::KAddr;

@@ -3,9 +3,9 @@
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
+use super::wire::Field;
+use super::wire::SystemFacts;
 use super::KAddr;
-use crate::host::system::SystemFacts;
-use crate::host::tracefs::Field;
 
 /// One line of a trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -381,11 +381,11 @@ pub struct AllocinfoSample {
     /// CLOCK_BOOTTIME when the file was read.
     pub ts_ns: u64,
     /// Sum over every tag.
-    pub total: crate::allocinfo::Counts,
+    pub total: super::wire::Counts,
     /// Sum over the `func:pagetable_alloc` tags (all page tables, not only vmalloc's).
-    pub pagetable: crate::allocinfo::Counts,
+    pub pagetable: super::wire::Counts,
     /// Tags of `mm/vmalloc.c`.
-    pub vmalloc_tags: Vec<crate::allocinfo::Tag>,
+    pub vmalloc_tags: Vec<super::wire::Tag>,
     /// Some tag said `accurate:no`: absolute values are low, deltas are exact.
     pub inaccurate: bool,
     /// Lines the lenient parser skipped.

@@ -49,7 +49,7 @@ pub struct TopArgs {
     pub looped: bool,
 
     /// Optional probes to attach live, as for `vmtrace record --probes`.
-    #[arg(long, value_delimiter = ',', default_value = crate::cli::DEFAULT_PROBES)]
+    #[arg(long, value_delimiter = ',', default_value = crate::probe::selection::DEFAULT_PROBES)]
     pub probes: Vec<String>,
 
     /// Total size of the BPF ring buffers in MiB (a power of two), one ring per CPU up to eight.
@@ -66,7 +66,7 @@ pub struct TopArgs {
     pub iterations: Option<u64>,
 
     /// Batch mode: time between screens.
-    #[arg(short = 'd', long, default_value = "2s", value_parser = crate::cli::parse_duration)]
+    #[arg(short = 'd', long, default_value = "2s", value_parser = crate::value_parsers::parse_duration)]
     pub interval: Duration,
 }
 
@@ -118,7 +118,8 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
             source::spawn_replay(spec, tx.clone(), stop.clone());
         }
         None => {
-            let wanted = crate::cli::resolve_probes(&args.probes).map_err(anyhow::Error::msg)?;
+            let wanted = crate::probe::selection::resolve_probes(&args.probes)
+                .map_err(anyhow::Error::msg)?;
             let ring_bytes = u64::from(args.ring_mib) << 20;
             if let Err(why) = source::spawn_live(wanted, ring_bytes, tx.clone(), stop.clone()) {
                 let banner = format!(

@@ -1,0 +1,32 @@
+//! Value parsers shared by several subcommands' arguments. A leaf module: it imports nothing
+//! from the rest of the crate, so any subcommand can use it without a cycle.
+
+use std::time::Duration;
+
+/// Parses durations such as `10s`, `500ms` or `1m30s`; a bare number means seconds, as in perf.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!(
+            "`{s}` is not a valid duration: expected a non-negative number"
+        ));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a valid duration ({e}); try `10s`, `500ms` or `1m30s`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("ten").unwrap_err().contains("`ten`"));
+        assert!(parse_duration("-1").is_err());
+    }
+}
