@@ -266,7 +266,8 @@ fn ladder_entry<'a>(probes: &'a [ProbeInfo], name: &str) -> &'a ProbeInfo {
         .unwrap_or_else(|| panic!("no {name} in {probes:?}"))
 }
 
-/// What this kernel should refuse, from the same facts `shared/reference/machine.md` lists.
+/// What this kernel should refuse: the development machines' 6.18 kernel has no kprobes
+/// (`CONFIG_KPROBES` off) and refuses fentry loads with EPERM (docs/testbox.md).
 fn assert_expected_refusals(probes: &[ProbeInfo]) {
     let kprobes_off = !Path::new("/sys/bus/event_source/devices/kprobe").exists()
         && !Path::new("/sys/kernel/tracing/kprobe_events").exists();

@@ -1,10 +1,10 @@
 //! `cargo xtask setup`: make this machine able to build, lint and test vmtrace.
 //!
 //! Every check is cheap and every install happens only when its check fails, so a second run is
-//! a no-op that takes about a second. The recipe for bpf-linker is the one verified in
-//! `shared/reference/machine.md`: build it against the nightly rustc's own libLLVM, found
-//! through symlinks in a durable prefix, because the linker must speak the same LLVM as the
-//! rustc that produced the bitcode.
+//! a no-op that takes about a second. The recipe for bpf-linker is the one docs/development.md
+//! ("What setup installs, and where") describes: build it against the nightly rustc's own
+//! libLLVM, found through symlinks in a durable prefix, because the linker must speak the same
+//! LLVM as the rustc that produced the bitcode.
 
 use std::fs;
 use std::path::{Path, PathBuf};

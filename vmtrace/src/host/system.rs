@@ -39,8 +39,9 @@ fn cpulist(path: &str) -> Result<(u32, String), HostError> {
     Ok((n, text.trim().to_string()))
 }
 
-/// The node layer of the vmap allocator as `vmap_init_nodes` sets it up (spec §2.1): one node per
-/// *possible* CPU, capped at 128, with 16-page zones dealt round-robin; a single node otherwise.
+/// The node layer of the vmap allocator as `vmap_init_nodes` (mm/vmalloc.c) sets it up: one
+/// node per *possible* CPU, capped at 128, with 16-page zones dealt round-robin; a single node
+/// otherwise.
 pub fn vmap_nodes(possible_cpus: u32, page_size: u64) -> (u32, u64) {
     let n = possible_cpus.clamp(1, 128);
     if n > 1 {
@@ -50,7 +51,7 @@ pub fn vmap_nodes(possible_cpus: u32, page_size: u64) -> (u32, u64) {
     }
 }
 
-/// `lazy_max_pages()` (spec §4.2): `fls(online CPUs) * 32 MiB / PAGE_SIZE`.
+/// `lazy_max_pages()` (mm/vmalloc.c): `fls(online CPUs) * 32 MiB / PAGE_SIZE`.
 pub fn lazy_max_pages(online_cpus: u32, page_size: u64) -> u64 {
     let fls = u64::from(32 - online_cpus.leading_zeros());
     fls * ((32 << 20) / page_size)

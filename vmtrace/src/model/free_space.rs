@@ -1,4 +1,5 @@
-//! The global free space: `free_vmap_area_root` and its list (spec §1.2–§1.5).
+//! The global free space: `free_vmap_area_root` and its list (`find_vmap_lowest_match`,
+//! `va_clip` and `merge_or_add_vmap_area` in mm/vmalloc.c).
 //!
 //! Blocks are kept in a `BTreeMap` keyed by start (the address-sorted list, for merging) and, in
 //! parallel, in one `BTreeMap` per power-of-two size class. The size classes stand in for the
@@ -8,11 +9,12 @@
 //!
 //! For `align <= PAGE_SIZE` the result is exactly the kernel's: `find_vmap_lowest_match` returns the
 //! lowest-addressed block that passes `is_within_this_va`, whatever the tree's shape. For larger
-//! alignments the kernel descends by `size + align - 1` (`adjust_search_size`) and its answer
-//! depends on the rb-tree's shape (spec §1.3): it is never above the lowest block of that length,
-//! and below it only a shorter block that happens to sit on the search path. This module returns
-//! the lowest block of that length (the lowest aligned fit when there is none), which is the
-//! kernel's answer unless such a path block exists. `docs/model.md` gives the measured deviation.
+//! alignments the kernel descends by `size + align - 1` (`adjust_search_size`) but accepts a
+//! visited block on the exact aligned test, so its answer depends on the rb-tree's shape: it is
+//! never above the lowest block of that length, and below it only a shorter block that happens
+//! to sit on the search path. This module returns the lowest block of that length (the lowest
+//! aligned fit when there is none), which is the kernel's answer unless such a path block
+//! exists. `docs/model.md` gives the measured deviation.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,5 @@
-//! The lazy path (spec §4): per-node lazy trees, `vmap_lazy_nr`, and the purge arithmetic.
+//! The lazy path (`free_vmap_area_noflush`, `__purge_vmap_area_lazy` and `purge_vmap_node` in
+//! mm/vmalloc.c): per-node lazy trees, `vmap_lazy_nr`, and the purge arithmetic.
 
 use std::collections::BTreeMap;
 
@@ -18,7 +19,8 @@ pub struct LazyArea {
 #[derive(Clone, Debug)]
 pub struct LazyLists {
     trees: Vec<BTreeMap<u64, LazyArea>>,
-    /// The pre-node purge tree merged adjacent areas (spec §9.3); the node design does not.
+    /// The pre-node purge tree (`purge_vmap_area_root`, v6.2–v6.8) merged adjacent areas; the
+    /// node design's lazy trees do not.
     merging: bool,
     /// `vmap_lazy_nr`, in pages.
     pages: u64,

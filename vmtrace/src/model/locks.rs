@@ -1,4 +1,5 @@
-//! Lock accounting per lock instance (spec §2.4): how many critical sections each one saw.
+//! Lock accounting for each vmap lock instance of mm/vmalloc.c (and `init_mm.page_table_lock`):
+//! how many critical sections each one saw.
 //!
 //! Counts only; waiting times come from the timing simulation (`sim::des`).
 

@@ -2,9 +2,8 @@
 //!
 //! The model is a plain state machine with no I/O and no randomness: the same calls give the same
 //! answers. It depends on nothing else in the crate, so the replay driver, the free-running
-//! simulator and the tests all feed it the same way. `shared/reference/vmalloc-allocator.md` is
-//! the specification; section numbers in the comments refer to it. `docs/model.md` lists what is
-//! exact and what is approximated.
+//! simulator and the tests all feed it the same way. The comments name the kernel functions each
+//! part follows. `docs/model.md` lists what is exact and what is approximated.
 //!
 //! One [`Model`] holds the free space ([`free_space`]), per-node busy and lazy sets ([`lazy`]), the
 //! size-segregated pools ([`pools`]), the page-table slots ([`pagetable`]) and lock counts
@@ -51,7 +50,8 @@ pub enum Variant {
     /// already holds more than `lazy_max_pages` objects (the high-priority purge workqueue half of
     /// the proposal only matters to the timing model, which does not exist yet).
     NodesCapped,
-    /// The v6.2–v6.8 design (§9.3): one busy tree, one merging lazy tree, no pools.
+    /// The v6.2–v6.8 design (before the vmap nodes of v6.9): one busy tree (`vmap_area_lock`),
+    /// one merging lazy tree (`purge_vmap_area_lock`), no pools.
     Global,
 }
 
@@ -102,14 +102,16 @@ pub struct Params {
 }
 
 impl Params {
-    /// The paging mode, from the VMALLOC base (§1.7): a 5-level base (0xffa0… before KASLR
+    /// The paging mode, from the VMALLOC base (`__VMALLOC_BASE_L4`/`_L5` in
+    /// arch/x86/include/asm/pgtable_64_types.h): a 5-level base (0xffa0… before KASLR
     /// moves it down) lies below the 4-level kernel half, a 4-level base (0xffffc9…) inside it.
     pub fn five_level_base(vmalloc_start: u64) -> bool {
         vmalloc_start < crate::trace::addr::KERNEL_HALF_4LEVEL
     }
 
     /// End (exclusive) of the space the model manages: the last page below `VMALLOC_END` can
-    /// never be used because the allocation must end at or below the inclusive end (§1.7).
+    /// never be used because the allocation must end at or below the inclusive end (`va_alloc`
+    /// refuses `nva + size > vend`, and `VMALLOC_END` ends in …fff).
     pub fn range_end(&self) -> u64 {
         self.vmalloc_end & !(self.page_size - 1)
     }
@@ -164,7 +166,8 @@ pub struct AllocRequest {
     pub vend: u64,
     /// CPU the attempt ran on: picks the node whose pools are tried.
     pub cpu: u32,
-    /// A retry after a failed attempt and a purge: pools are not consulted again (§3).
+    /// A retry after a failed attempt and a purge: pools are not consulted again (the retry in
+    /// `alloc_vmap_area` goes to the global free tree only).
     pub retry: bool,
     /// Whether the last page is an unmapped guard page (false for `vm_map_ram` and vmap blocks).
     pub guard: bool,
@@ -690,7 +693,8 @@ impl Model {
         self.busy.get(&addr).map(|a| self.lazy_node(addr, a.tag))
     }
 
-    /// The lazy tree an area goes to: its tagged node if valid, else `addr_to_node` (§2.3).
+    /// The lazy tree an area goes to: its tagged node if valid, else `addr_to_node`
+    /// (`free_vmap_area_noflush`).
     fn lazy_node(&self, addr: u64, tag: u32) -> u32 {
         if !self.params.variant.has_pools() {
             return 0;

@@ -1,4 +1,5 @@
-//! vmap nodes: how addresses and CPUs map to nodes (spec §2.1, §2.3).
+//! vmap nodes: how addresses and CPUs map to nodes (`vmap_init_nodes`, `addr_to_node_id` and
+//! `node_alloc`'s pool choice in mm/vmalloc.c).
 
 /// The node layer's geometry: `nr_vmap_nodes` and `vmap_zone_size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

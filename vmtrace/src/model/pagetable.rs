@@ -1,4 +1,6 @@
-//! Kernel page-table pages of vmalloc space (spec §5.3): a set of slots ever mapped.
+//! Kernel page-table pages of vmalloc space (the `vmap_pages_*_range` walk of mm/vmalloc.c, its
+//! `*_alloc_track` helpers, and x86's boot-time `preallocate_vmalloc_pages`): a set of slots
+//! ever mapped.
 //!
 //! A PTE table covers 2 MiB, a PMD table 1 GiB and a PUD table 512 GiB. Tables are never freed
 //! by unmapping, so the slots form a monotone set. PUD tables are preallocated at boot on

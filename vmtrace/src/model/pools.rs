@@ -1,4 +1,5 @@
-//! Size-segregated pools per node (spec §3): `vn->pool[256]`, LIFO lists of whole areas.
+//! Size-segregated pools per node (`node_alloc`, `node_pool_del_va`, `node_pool_add_va` and
+//! `decay_va_pool_node` in mm/vmalloc.c): `vn->pool[256]`, LIFO lists of whole areas.
 
 use std::collections::VecDeque;
 

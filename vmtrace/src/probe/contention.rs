@@ -1,5 +1,5 @@
-//! Classifying lock waits into the vmap lock classes of `shared/reference/vmalloc-allocator.md`
-//! §2.4, from the waiter's kernel stack and the lock's address.
+//! Classifying lock waits into the vmap lock classes (the locks of mm/vmalloc.c and
+//! `init_mm.page_table_lock`), from the waiter's kernel stack and the lock's address.
 //!
 //! `CONFIG_KALLSYMS_ALL` is off on the reference kernel, so lock addresses cannot be looked up
 //! by name. The class comes from two facts instead:

@@ -272,7 +272,7 @@ const FLUSH_TP: ProgSpec = ProgSpec {
     ret: false,
 };
 
-/// vmap functions that take a vmap lock (§2.4), plus the page-table path under vmap mapping:
+/// mm/vmalloc.c functions that take a vmap lock, plus the page-table path under vmap mapping:
 /// a contention whose stack holds none of them is dropped in the kernel.
 pub const LOCK_FUNCTIONS: [&str; 24] = [
     "alloc_vmap_area",

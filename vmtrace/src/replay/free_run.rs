@@ -4,7 +4,7 @@
 //! another design (variant), node count or threshold.
 //!
 //! Every operation the model runs becomes a sequence of critical sections on lock instances,
-//! with costs from [`Costs`], in the order the kernel takes them (spec §2.4); the discrete-event
+//! with costs from [`Costs`], in the order mm/vmalloc.c takes them; the discrete-event
 //! simulation ([`crate::sim::des`]) plays the CPUs' streams against each other and predicts the lock
 //! waits, the throughput and their time series. `docs/model.md` ("Free-running replay",
 //! "Timing and contention model") describes both.
@@ -677,7 +677,7 @@ impl Run {
             Err(e) => return self.warn(format!("alloc: {e}")),
         };
         // alloc_vmap_area: the pool of the CPU's node, the vmap_area object and preload outside
-        // any lock, then the free tree and the busy tree of the area's node (§2.4).
+        // any lock, then the free tree and the busy tree of the area's node.
         let mut steps = self.des.steps();
         let mut helpers = Vec::new();
         let mut held = self.emit(&mut steps, LockClass::NodePoolLock);
@@ -755,7 +755,7 @@ impl Run {
         };
         self.frees += 1;
         // vfree: find and unlink under the busy lock, unmap outside any lock, insert under the
-        // lazy lock, then free the pages (§2.4, §4.1).
+        // lazy lock, then free the pages (`remove_vm_area`, `free_vmap_area_noflush`).
         let mut steps = self.des.steps();
         let mut held = self.emit(&mut steps, LockClass::NodeBusyLock);
         let mut lazy = Vec::new();
@@ -809,7 +809,8 @@ impl Run {
     }
 
     /// The drain work: one purge in the node design; the pre-node design's drain loop repeats
-    /// it while the backlog stays above the threshold (§9.3). It runs on the purge worker.
+    /// it while the backlog stays above the threshold (`drain_vmap_area_work` before v6.9). It
+    /// runs on the purge worker.
     fn purge(&mut self, at: u64) {
         self.purge_at = None;
         let mut steps = self.des.steps();
@@ -854,14 +855,14 @@ impl Run {
         Some(fu.gap.sample(u))
     }
 
-    /// One `__purge_vmap_area_lazy` under `vmap_purge_lock`, appended to `steps` in the order of
-    /// §2.4: per node the pool decay (pool lock to detach and re-attach each non-empty pool,
+    /// One `__purge_vmap_area_lazy` under `vmap_purge_lock`, appended to `steps` in the kernel's
+    /// order: per node the pool decay (pool lock to detach and re-attach each non-empty pool,
     /// the free-tree lock once for the decayed areas) and the lazy detach; one TLB flush; then
     /// per node with work its objects, a pool-lock section per area pooled and one free-tree
     /// section for the areas returned (`purge_vmap_node`). The first `helpers` nodes with work
     /// go to helper workers (appended to `helpers`, forked, joined before the mutex is
-    /// released); the caller purges the others inline (§4.3). In `global` the free-tree lock is
-    /// held across the whole return loop (§9.3).
+    /// released); the caller purges the others inline. In `global` (v6.2–v6.8) the free-tree lock
+    /// is held across the whole return loop.
     fn purge_now(
         &mut self,
         at: u64,

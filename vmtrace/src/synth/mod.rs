@@ -1,4 +1,5 @@
-//! `vmtrace synth`: synthetic traces shaped like `lib/test_vmalloc.c` (spec §8).
+//! `vmtrace synth`: synthetic traces shaped like `lib/test_vmalloc.c` (its module parameters,
+//! tests and kthreads; docs/synth.md).
 //!
 //! The generator drives the reference model itself, so every address in the trace is the one
 //! the model (variant `nodes`, the current kernel) chose and the trace is self-consistent: an
@@ -28,7 +29,7 @@ use workload::{Op, Rng, Script, Shape, Test};
 pub const VMALLOC_START: u64 = 0xffff_c900_0000_0000;
 pub const VMALLOC_END: u64 = 0xffff_e8ff_ffff_ffff;
 const PAGE: u64 = 4096;
-/// `VMAP_BBMAP_BITS` on x86_64 (spec §10): a vmap block is 1024 pages.
+/// `VMAP_BBMAP_BITS` on x86_64 with `NR_CPUS` ≤ 2048 (mm/vmalloc.c): a vmap block is 1024 pages.
 const VMAP_BLOCK_PAGES: u64 = 1024;
 /// `VMAP_MAX_ALLOC`: `vm_map_ram` of more pages bypasses the vmap blocks.
 const VMAP_MAX_ALLOC: u64 = 64;
@@ -38,7 +39,7 @@ const T0_NS: u64 = 1_000_000_000;
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct SynthParams {
-    /// `run_test_mask`: bit i enables test i (spec §8.2).
+    /// `run_test_mask`: bit i enables test i of `lib/test_vmalloc.c`.
     pub mask: u64,
     /// `nr_threads`.
     pub threads: u32,
@@ -115,7 +116,7 @@ enum Held {
     Block { block: u64, pages: u64 },
 }
 
-/// A per-CPU vmap block (bump allocator, spec §10): used and dirty pages.
+/// A per-CPU vmap block (`vb_alloc`'s bump allocator): used and dirty pages.
 #[derive(Clone, Copy, Debug)]
 struct Block {
     cpu: u32,

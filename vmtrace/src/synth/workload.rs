@@ -1,6 +1,6 @@
 //! The tests of `lib/test_vmalloc.c` that go through `alloc_vmap_area`, as per-thread operation
-//! scripts (spec §8.2). Each script yields one operation at a time so that a trace of millions
-//! of events never holds its operations in memory.
+//! scripts, in the order of their `run_test_mask` bits. Each script yields one operation at a
+//! time so that a trace of millions of events never holds its operations in memory.
 
 /// Small deterministic generator (SplitMix64): the crate needs no `rand` for this, and the
 /// sequence is fixed for a seed on every platform.

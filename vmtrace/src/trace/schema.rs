@@ -225,7 +225,7 @@ pub struct Purge {
 }
 
 /// Which vmap lock a contention event waited on, classified in user space from its stack
-/// (`shared/reference/vmalloc-allocator.md` §2.4).
+/// (the locks of mm/vmalloc.c, plus `init_mm.page_table_lock`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LockClass {

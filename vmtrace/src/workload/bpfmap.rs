@@ -21,7 +21,8 @@
 //! | 1024         | 4202496 + 16384           |
 //!
 //! From N = 512 on (N + 1 > 512 pages), `__vmalloc_area_node` vmallocs its `struct page *` array as
-//! well, a second area of `PAGE_ALIGN(8 × (N + 1)) + PAGE_SIZE` bytes (allocation-spec §1.6).
+//! well, a second area of `PAGE_ALIGN(8 × (N + 1)) + PAGE_SIZE` bytes (once the array is larger
+//! than `PAGE_SIZE` it comes from a nested `__vmalloc_node`, with its own guard page).
 //!
 //! Without CAP_PERFMON (and CAP_SYS_ADMIN), and unless the kernel runs with `mitigations=off`, the
 //! kernel rounds `max_entries` up to a power of two against Spectre v1 (`bpf_bypass_spec_v1`):
