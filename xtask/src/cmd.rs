@@ -34,6 +34,18 @@ pub fn cargo() -> Command {
     cmd
 }
 
+/// `$XDG_CACHE_HOME/vmtrace/SUB`, or `~/.cache/vmtrace/SUB`: outside the repository, so a clean
+/// clone and `cargo clean` keep what the tasks fetched or recorded there.
+pub fn cache_dir(sub: &str) -> PathBuf {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("HOME")
+            .map_or_else(|| PathBuf::from("/root"), PathBuf::from)
+            .join(".cache"),
+    };
+    base.join("vmtrace").join(sub)
+}
+
 /// Prints a step banner, so a long log can be scanned for where each step starts.
 pub fn banner(title: &str) {
     println!();

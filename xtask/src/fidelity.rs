@@ -356,11 +356,7 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
 
 /// The corpus lives beside the test box's kernels, outside the repository.
 fn default_corpus_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("vmtrace/corpus");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".cache/vmtrace/corpus")
+    cmd::cache_dir("corpus")
 }
 
 fn record_corpus(vmtrace: &Path, corpus: &Path, duration: &str) -> Result<Manifest> {

@@ -208,11 +208,7 @@ fn ensure_host_tools() -> Result<()> {
 /// Where downloaded kernels live: outside the repository, so a clean clone and `cargo clean`
 /// keep them, and a second run needs no network.
 pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("vmtrace/testbox");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".cache/vmtrace/testbox")
+    crate::cmd::cache_dir("testbox")
 }
 
 /// A kernel unpacked into the cache.

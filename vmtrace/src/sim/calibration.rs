@@ -851,6 +851,42 @@ pub fn calibrate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::{Ctx, Free, KAddr, Work};
+
+    fn ctx(ts: u64, cpu: u32) -> Ctx {
+        Ctx {
+            ts_ns: ts,
+            cpu,
+            tgid: 1,
+            pid: 1,
+            comm: "t".into(),
+        }
+    }
+
+    /// A free on `cpu` reporting `nr_lazy` against a threshold of 100.
+    fn free_on(ts: u64, cpu: u32, nr_lazy: u64) -> Record {
+        Record::Free(Free {
+            ctx: ctx(ts, cpu),
+            va_start: KAddr(0x1000),
+            nr_lazy,
+            nr_lazy_max: 100,
+        })
+    }
+
+    /// A drain item's record, written at its end.
+    fn work(end: u64, start: u64) -> Record {
+        Record::Work(Work {
+            ctx: ctx(end, 0),
+            function: DRAIN_FUNCTION.into(),
+            function_addr: KAddr(1),
+            work: KAddr(2),
+            start_ns: start,
+            duration_ns: end - start,
+            start_cpu: 0,
+            nr_purged: None,
+            flush_ns: None,
+        })
+    }
 
     #[test]
     fn a_fixed_hold_comes_back_without_a_tail() {
@@ -895,35 +931,7 @@ mod tests {
 
     #[test]
     fn drain_latency_pairs_the_first_crossing_free_with_the_next_item() {
-        use crate::trace::{Ctx, Free, KAddr, Work};
-        let ctx = |ts| Ctx {
-            ts_ns: ts,
-            cpu: 0,
-            tgid: 1,
-            pid: 1,
-            comm: "t".into(),
-        };
-        let free = |ts, nr_lazy| {
-            Record::Free(Free {
-                ctx: ctx(ts),
-                va_start: KAddr(0x1000),
-                nr_lazy,
-                nr_lazy_max: 100,
-            })
-        };
-        let work = |end, start| {
-            Record::Work(Work {
-                ctx: ctx(end),
-                function: DRAIN_FUNCTION.into(),
-                function_addr: KAddr(1),
-                work: KAddr(2),
-                start_ns: start,
-                duration_ns: end - start,
-                start_cpu: 0,
-                nr_purged: None,
-                flush_ns: None,
-            })
-        };
+        let free = |ts, nr_lazy| free_on(ts, 0, nr_lazy);
         let mut s = Scan::default();
         for r in [
             free(1_000, 50),
@@ -946,35 +954,7 @@ mod tests {
 
     #[test]
     fn an_item_queued_while_the_previous_ran_is_its_follow_up() {
-        use crate::trace::{Ctx, Free, KAddr, Work};
-        let ctx = |ts, cpu| Ctx {
-            ts_ns: ts,
-            cpu,
-            tgid: 1,
-            pid: 1,
-            comm: "t".into(),
-        };
-        let free = |ts, cpu, nr_lazy| {
-            Record::Free(Free {
-                ctx: ctx(ts, cpu),
-                va_start: KAddr(0x1000),
-                nr_lazy,
-                nr_lazy_max: 100,
-            })
-        };
-        let work = |end, start| {
-            Record::Work(Work {
-                ctx: ctx(end, 0),
-                function: DRAIN_FUNCTION.into(),
-                function_addr: KAddr(1),
-                work: KAddr(2),
-                start_ns: start,
-                duration_ns: end - start,
-                start_cpu: 0,
-                nr_purged: None,
-                flush_ns: None,
-            })
-        };
+        let free = free_on;
         let ms = 1_000_000;
         let mut s = Scan::default();
         for r in [
