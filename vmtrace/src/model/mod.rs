@@ -376,6 +376,9 @@ pub struct Model {
     /// still gives them back.
     released_by_purge: HashMap<(u64, u64), u32>,
     sticky: HashSet<(u64, u64)>,
+    /// Pages in `vmap_lazy_nr` of lazy frees the model holds no area for
+    /// ([`Model::free_untracked`]), until the next purge ends.
+    untracked_lazy: u64,
 }
 
 impl Model {
@@ -406,6 +409,7 @@ impl Model {
             hidden: BTreeMap::new(),
             released_by_purge: HashMap::new(),
             sticky: HashSet::new(),
+            untracked_lazy: 0,
             params,
         })
     }
@@ -436,7 +440,7 @@ impl Model {
     }
     /// `vmap_lazy_nr`, in pages.
     pub fn lazy_pages(&self) -> u64 {
-        self.lazy.pages() + self.unsubtracted_pages()
+        self.lazy.pages() + self.unsubtracted_pages() + self.untracked_lazy
     }
 
     fn unsubtracted_pages(&self) -> u64 {
@@ -729,7 +733,8 @@ impl Model {
                 seq,
             },
             self.params.page_size,
-        ) + self.unsubtracted_pages();
+        ) + self.unsubtracted_pages()
+            + self.untracked_lazy;
         self.stats.frees += 1;
         let drain = nr_lazy > self.params.lazy_max_pages;
         if drain {
@@ -741,6 +746,23 @@ impl Model {
             node,
             size: area.size,
         })
+    }
+
+    /// `free_vmap_area_noflush` for an area of `size` bytes the model holds nothing for: one
+    /// outside the modelled range (the module area), or one the kernel placed where the model
+    /// had no room. `vmap_lazy_nr` counts every lazy free whatever its address, so its pages
+    /// join the backlog, and may schedule the drain, like any other's; without them every free
+    /// until the next purge reports fewer pages than the kernel's. They leave at the end of the
+    /// next purge, which the kernel's detach took them into. Returns the backlog and whether
+    /// it crossed `lazy_max_pages`.
+    pub fn free_untracked(&mut self, size: u64) -> (u64, bool) {
+        self.untracked_lazy += size / self.params.page_size;
+        let nr_lazy = self.lazy_pages();
+        let drain = nr_lazy > self.params.lazy_max_pages;
+        if drain {
+            self.stats.drains_triggered += 1;
+        }
+        (nr_lazy, drain)
     }
 
     /// `__purge_vmap_area_lazy(ULONG_MAX, 0, full)`: decay every node's pools, detach every
@@ -1465,6 +1487,7 @@ impl Model {
         while let Some(&node) = p.remaining.first() {
             self.purge_node(&mut p, node);
         }
+        self.untracked_lazy = 0;
         let mut out = p.out;
         out.to_free_tree += out.decayed;
         out

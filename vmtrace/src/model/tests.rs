@@ -529,6 +529,29 @@ fn deferred_subtractions_stay_in_the_backlog_until_settled() {
     m.check_invariants().unwrap();
 }
 
+/// A lazy free of an area the model holds nothing for still counts in the backlog the next
+/// free reports, can schedule the drain, and leaves with the next purge.
+#[test]
+fn untracked_lazy_frees_count_until_the_next_purge() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs = one_page_areas(&mut m, &p, 2);
+    m.free(addrs[0]).unwrap();
+    assert_eq!(m.free_untracked(10 * PAGE), (11, false));
+    assert_eq!(
+        m.free(addrs[1]).unwrap().nr_lazy,
+        12,
+        "the next free reports them"
+    );
+    let (nr_lazy, drain) = m.free_untracked(p.lazy_max_pages * PAGE);
+    assert_eq!(nr_lazy, 12 + p.lazy_max_pages);
+    assert!(drain, "past lazy_max_pages");
+    let got = m.purge(false);
+    assert_eq!(got.npurged, 2, "only the tracked areas are in the batch");
+    assert_eq!(m.lazy_pages(), 0);
+    m.check_invariants().unwrap();
+}
+
 /// A purge limited to the oldest frees leaves the later ones lazy and counted, and `unpurge`
 /// takes a pooled area back to its lazy tree.
 #[test]

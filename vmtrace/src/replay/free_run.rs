@@ -215,8 +215,9 @@ pub fn free_run<R: BufRead>(
         .max(header.system.online_cpus)
         .max(1);
     let prev = seeder.model.locks().clone();
-    let mut des =
-        Des::new(fr.window_ns, latency, expected_cpus).with_max_pending(fr.max_pending_ops);
+    let mut des = Des::new(fr.window_ns, latency, expected_cpus)
+        .with_max_pending(fr.max_pending_ops)
+        .with_spin_handoff(fr.costs.spin_handoff_ns);
     let locks = LockIds::new(&mut des, &prev);
     let pool_hits_at_start = seeder.model.stats().pool_hits;
     let seeded_slots = seeder.model.slots().counts();

@@ -1306,9 +1306,12 @@ impl<'o> Replayer<'o> {
         ahead: &dyn DrainLookup,
     ) -> Result<(), ReplayError> {
         let addr = f.va_start.0;
-        if self.outside.remove(&addr).is_some() {
+        if let Some(size) = self.outside.remove(&addr) {
             self.tally.free_out_of_model += 1;
             self.foreign_lazy = self.foreign_lazy.saturating_add(1);
+            if self.model.free_untracked(size).1 {
+                self.drain_pending = true;
+            }
             return Ok(());
         }
         if self.model.busy().get(&addr).is_none() {

@@ -588,6 +588,27 @@ pub fn estimate_hold(
     })
 }
 
+/// Waits below which [`spin_handoff`] estimates nothing: its 1st percentile would rest on one
+/// wait.
+const HANDOFF_MIN_WAITS: usize = 100;
+
+/// The spinlock handoff ([`Costs::spin_handoff_ns`]) from the observed waits of every spinlock
+/// class, and how many waits it rests on. A recorded wait is W = R + H: the rest R of the
+/// holder's section, then the handoff H (the queued lock passing its cache line to the waiter,
+/// with the probes' cost at both ends). R has its density at 0 (a waiter can arrive at any
+/// point of a section), so W's lowest quantile estimates H, high by R's own 1st percentile: a
+/// few ns for holds of a few hundred. The classes are pooled because H is the lock's mechanism,
+/// not the section's: their floors agree within 20 ns on the reference machine, and a class
+/// with a few dozen waits has no floor of its own.
+fn spin_handoff<'a>(classes: impl Iterator<Item = &'a [u64]>) -> Option<(u64, usize)> {
+    let mut all: Vec<u64> = classes.flatten().copied().collect();
+    if all.len() < HANDOFF_MIN_WAITS {
+        return None;
+    }
+    all.sort_unstable();
+    Some((quantile(&all, 0.01), all.len()))
+}
+
 /// The two-point distribution (a with probability 1 − p, b with p) with moments `m1`, `m2`,
 /// `m3`: a and b are the roots of x² = c1·x + c0, where E\[X^(k+2)\] = c1·E\[X^(k+1)\] +
 /// c0·E\[X^k\] for k = 0, 1. Where no such pair with 0 ≤ a < m1 < b exists (a third moment
@@ -684,11 +705,39 @@ pub fn calibrate(
     }
     let mut costs = base;
     let mut provenance: BTreeMap<&str, (String, String)> = BTreeMap::new();
+    let handoff = spin_handoff(inputs.values().map(|e| e.waits.as_slice()));
+    match handoff {
+        Some((ns, n)) => {
+            costs.spin_handoff_ns = ns;
+            provenance.insert(
+                "spin_handoff_ns",
+                (
+                    "measured".into(),
+                    format!(
+                        "1st percentile of {n} spinlock waits, every class pooled; the hold estimates use the waits less it"
+                    ),
+                ),
+            );
+        }
+        None => {
+            provenance.insert(
+                "spin_handoff_ns",
+                (
+                    "default".into(),
+                    format!(
+                        "fewer than {HANDOFF_MIN_WAITS} spinlock waits recorded (needs --probes lock_waits)"
+                    ),
+                ),
+            );
+        }
+    }
+    let handoff = handoff.map_or(0, |(ns, _)| ns);
     let mut holds = Vec::new();
     let mut tails = BTreeMap::new();
     for (class, name) in ESTIMATED {
         let e = &inputs[&class];
-        match estimate_hold(class, e.sections, e.exposure, &e.waits) {
+        let residuals: Vec<u64> = e.waits.iter().map(|w| w.saturating_sub(handoff)).collect();
+        match estimate_hold(class, e.sections, e.exposure, &residuals) {
             Some(h) if class == LockClass::NodePoolLock => {
                 // A node's pool lock is taken by the CPUs of that node and by the purge worker,
                 // not by every CPU alike, so the exposure's independence assumption overstates
@@ -861,6 +910,18 @@ mod tests {
             pid: 1,
             comm: "t".into(),
         }
+    }
+
+    /// Waits that are a handoff of 100 ns after a residual uniform on [0, 200) give back 100
+    /// ns within R's own 1st percentile (2 ns), pooled over classes; too few waits give none.
+    #[test]
+    fn spin_handoff_is_the_floor_of_the_pooled_waits() {
+        let busy: Vec<u64> = (0..1000u64).map(|i| 100 + (i * 37) % 200).collect();
+        let pool: Vec<u64> = (0..200u64).map(|i| 100 + (i * 53) % 200).collect();
+        let (ns, n) = spin_handoff([busy.as_slice(), pool.as_slice()].into_iter()).unwrap();
+        assert_eq!(n, 1200);
+        assert!((100..=102).contains(&ns), "{ns}");
+        assert_eq!(spin_handoff([&busy[..99]].into_iter()), None);
     }
 
     /// A free on `cpu` reporting `nr_lazy` against a threshold of 100.

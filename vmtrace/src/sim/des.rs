@@ -373,6 +373,8 @@ pub struct Des {
     res: DesResult,
     series: Series,
     first_start: Option<u64>,
+    /// Added to every spinlock wait ([`Des::with_spin_handoff`]).
+    spin_handoff_ns: u64,
 }
 
 /// Position of `c` in [`LockClass::ALL`] (`Other` for anything else).
@@ -411,7 +413,18 @@ impl Des {
             res: DesResult::default(),
             series: Series::new(window_ns.max(1) / 100),
             first_start: None,
+            spin_handoff_ns: 0,
         }
+    }
+
+    /// A contended spinlock passes to its next waiter `ns` after the holder's release (the
+    /// queued lock's handoff, as `Costs::spin_handoff_ns` measures it): the waiter waits that
+    /// much longer, and no one else takes the lock meanwhile (its `held_ns` still counts the
+    /// sections alone). An uncontended take pays nothing, and
+    /// the purge mutex, which sleeps, is not a spinlock.
+    pub fn with_spin_handoff(mut self, ns: u64) -> Self {
+        self.spin_handoff_ns = ns;
+        self
     }
 
     /// Caps the operations held before their start (memory); beyond it the simulation runs
@@ -808,10 +821,15 @@ impl Des {
             from = end;
         }
         if let Some(next) = lock.queue.pop_front() {
-            let timed = self.grant(next, l, t);
+            let at = if lock.class == LockClass::PurgeMutex {
+                t
+            } else {
+                t.saturating_add(self.spin_handoff_ns)
+            };
+            let timed = self.grant(next, l, at);
             if !timed {
-                // An Acquire: the waiter goes on with its next step at `t`.
-                self.schedule(next, t);
+                // An Acquire: the waiter goes on with its next step once it holds the lock.
+                self.schedule(next, at);
             }
         }
     }
@@ -950,6 +968,41 @@ mod tests {
             .find(|w| w.class == c)
             .cloned()
             .unwrap_or_else(|| panic!("no {c:?} in {r:?}"))
+    }
+
+    /// The handoff lengthens each contended wait by exactly its length, and no one takes the
+    /// lock meanwhile; an uncontended take pays nothing, nor does a waiter for the purge mutex.
+    #[test]
+    fn the_spin_handoff_is_added_to_each_wait_only() {
+        let run = |k: LockClass, handoff: u64, second_at: u64| {
+            let mut des = Des::new(1_000_000, 0, 2).with_spin_handoff(handoff);
+            let l = des.lock(k, 0);
+            des.push_op(
+                0,
+                0,
+                op(OpKind::Alloc, vec![Step::Section { lock: l, ns: 100 }]),
+            );
+            des.push_op(
+                1,
+                second_at,
+                op(OpKind::Alloc, vec![Step::Section { lock: l, ns: 100 }]),
+            );
+            des.advance(second_at);
+            let r = des.finish();
+            (class(&r, k), r.makespan_ns)
+        };
+        let (c, makespan) = run(LockClass::NodeBusyLock, 30, 10);
+        assert_eq!(
+            (c.waits, c.wait_ns),
+            (1, 90 + 30),
+            "the rest of the hold, then the handoff"
+        );
+        assert_eq!(c.held_ns, 200, "held_ns counts the sections alone");
+        assert_eq!(makespan, 230);
+        let (c, makespan) = run(LockClass::NodeBusyLock, 30, 500);
+        assert_eq!((c.waits, c.wait_ns, makespan), (0, 0, 600), "uncontended");
+        let (c, _) = run(LockClass::PurgeMutex, 30, 10);
+        assert_eq!(c.wait_ns, 90, "a mutex is no spinlock");
     }
 
     /// Two CPUs, no think time, every operation one 100 ns section of the same lock: the lock

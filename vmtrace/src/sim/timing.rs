@@ -56,6 +56,12 @@ pub struct Costs {
     pub purge_base_ns: u64,
     /// ... plus this per purged object.
     pub purge_per_object_ns: u64,
+    /// A contended spinlock's handoff: from the holder's release to the waiter's entry, the
+    /// `contention` probes' own cost included. Every observed wait contains it, whatever the
+    /// class, so waits never fall below it; the simulation adds it to each wait and keeps the
+    /// lock held through it. 0 (nothing measured, or an older calibration) adds none.
+    #[serde(default)]
+    pub spin_handoff_ns: u64,
 }
 
 impl Default for Costs {
@@ -74,13 +80,14 @@ impl Default for Costs {
             page_table_lock_ns: 150,
             purge_base_ns: 2000,
             purge_per_object_ns: 100,
+            spin_handoff_ns: 0,
         }
     }
 }
 
 impl Costs {
     /// Every cost's name, as `--cost` and the trace header's `synthetic.params` spell it.
-    pub const NAMES: [&'static str; 13] = [
+    pub const NAMES: [&'static str; 14] = [
         "alloc_base_ns",
         "alloc_vmap_area_ns",
         "alloc_per_page_ns",
@@ -94,6 +101,7 @@ impl Costs {
         "page_table_lock_ns",
         "purge_base_ns",
         "purge_per_object_ns",
+        "spin_handoff_ns",
     ];
 
     fn field(&mut self, name: &str) -> Option<&mut u64> {
@@ -111,6 +119,7 @@ impl Costs {
             "page_table_lock_ns" => &mut self.page_table_lock_ns,
             "purge_base_ns" => &mut self.purge_base_ns,
             "purge_per_object_ns" => &mut self.purge_per_object_ns,
+            "spin_handoff_ns" => &mut self.spin_handoff_ns,
             _ => return None,
         })
     }
