@@ -11,6 +11,7 @@ use clap::Args;
 
 use super::charts::{write_report, ReportInput};
 use super::free_run::{fit_costs, free_run, FreeRunOptions};
+use super::infer::InferenceParams;
 use super::{render_comparison, render_fit, render_text, replay, ReplayOptions};
 use crate::model::Variant;
 use crate::sim::calibration::{self, Calibration, Machine, Scan, TraceTiming};
@@ -92,6 +93,12 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub no_detach_fit: bool,
 
+    /// Observed timing: override one inference rule's tuned parameter, NAME=N, e.g.
+    /// `top_picks_to_split=3` (repeatable; docs/inference.md gives each rule's). For sweeps on
+    /// the train split of `cargo xtask fidelity`: a change is judged on its test split.
+    #[arg(long = "infer", value_name = "NAME=N", value_parser = parse_infer)]
+    pub infer: Vec<(String, u64)>,
+
     /// Free-running what-if replay: the model picks every address and purges on its own
     /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,
     /// page-table slots, purges, lock sections and predicted lock waits per variant. Also done,
@@ -148,6 +155,10 @@ pub struct CalibrateArgs {
 
 fn parse_cost(s: &str) -> Result<(String, u64), String> {
     crate::sim::timing::Costs::parse_override(s).map_err(|e| e.to_string())
+}
+
+fn parse_infer(s: &str) -> Result<(String, u64), String> {
+    InferenceParams::parse_override(s).map_err(|e| e.to_string())
 }
 
 fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {
@@ -223,6 +234,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
             .set(name, *ns)
             .with_context(|| format!("--cost {name}={ns}"))?;
     }
+    let mut infer = InferenceParams::default();
+    for (name, value) in &args.infer {
+        infer
+            .set(name, *value)
+            .with_context(|| format!("--infer {name}={value}"))?;
+    }
     let options = |variant| ReplayOptions {
         variant,
         strict: args.strict,
@@ -234,6 +251,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
         detach_step_ns: u64::try_from(args.detach_node_step.as_nanos()).unwrap_or(u64::MAX),
         fit_detach_step: !args.no_detach_fit,
         causal: args.causal,
+        infer,
     };
     let context = |variant: Variant, mode: &str| {
         format!(

@@ -22,6 +22,7 @@ pub mod charts;
 pub mod cli;
 mod detach;
 pub mod free_run;
+pub mod infer;
 pub mod lookahead;
 mod purge;
 mod report;
@@ -76,6 +77,9 @@ pub struct ReplayOptions {
     /// ones. Without it a replay runs the causal pass beside the explained one, in the same
     /// read, for [`Report::strict`].
     pub causal: bool,
+    /// The inference rules' tuned parameters. The causal pass runs the rules that read no
+    /// record ahead, so some of these move strict figures too.
+    pub infer: infer::InferenceParams,
 }
 
 /// The default of [`ReplayOptions::detach_delay_ns`], with [`DEFAULT_DETACH_STEP_NS`]: the
@@ -99,6 +103,7 @@ impl Default for ReplayOptions {
             detach_step_ns: DEFAULT_DETACH_STEP_NS,
             fit_detach_step: true,
             causal: false,
+            infer: infer::InferenceParams::default(),
         }
     }
 }
@@ -333,7 +338,7 @@ pub struct Report {
     /// walking up through them ([`Replayer::free_hidden_above`]).
     pub hidden_ranges_freed: u64,
     /// Hidden ranges split into request-sized pieces because the kernel took their tops
-    /// [`TOP_PICKS_TO_SPLIT`] times in a row ([`Replayer::split_merged_pool`]).
+    /// `InferenceParams::top_picks_to_split` times in a row ([`Replayer::split_merged_pool`]).
     pub hidden_ranges_split: u64,
     pub pooled_objects_at_end: u64,
     pub lazy_pages_at_end: u64,
@@ -370,22 +375,6 @@ pub struct DrainWork {
     /// for the next purge; the model purges them all (see docs/inference.md, "The detach race").
     pub frees_after_work_start: u64,
 }
-
-/// Frees looked at on either side of a free whose backlog disagrees, to tell whether the
-/// kernel's order of additions explains it ([`Replayer::add_order_explains`]). A free can add
-/// long before its event: a kworker preempted for 4 ms has reported its backlog 355 events
-/// late, and a span of 64 leaves such a free and the ones in between disagreeing.
-pub const ADD_ORDER_SPAN: usize = 512;
-/// The narrower span used when a lower backlog may instead be a purge's subtraction: there a
-/// reorder found far away would hide the drop.
-const DROP_ORDER_SPAN: usize = 64;
-/// How many frees after a purge event may still report a backlog from before its last
-/// subtractions ([`Replayer::last_purge_nodes_explain`]); also how many frees
-/// [`Replayer::added_before_across_purge`] reads ahead.
-const SINCE_PURGE_SPAN: usize = 8;
-
-/// How many batches before the last two [`Replayer::swap_purged`] still searches.
-const OLDER_BATCHES: usize = 16;
 
 /// The purged areas of `size` that [`Replayer::swap_purged`] tries, in order: those of the last
 /// two batches (and the purge in progress), newest first, then those of each older batch in
@@ -699,10 +688,10 @@ struct Replayer<'o> {
     early_split: u64,
     early_is_split: bool,
     /// The last frees since the model's last purge step, as `(observed nr_lazy, pages)`, at
-    /// most [`ADD_ORDER_SPAN`]: see [`Replayer::add_order_explains`].
+    /// most `InferenceParams::add_order_span`: see [`Replayer::add_order_explains`].
     recent_frees: VecDeque<(u64, u64)>,
     /// The frees since the last purge event, as `(observed nr_lazy, pages)`, while there are
-    /// fewer than [`SINCE_PURGE_SPAN`]: their adds may have come before that purge's last
+    /// fewer than `InferenceParams::since_purge_span`: their adds may have come before that purge's last
     /// subtractions (see [`Replayer::last_purge_nodes_explain`]). None after that.
     since_purge: Option<Vec<(u64, u64)>>,
     nr_lazy_reordered: u64,
@@ -712,7 +701,7 @@ struct Replayer<'o> {
     /// The batch of the purge before: a pair of purges (the second taking what raced the
     /// first's detach) splits the kernel's areas between them otherwise than the model's.
     prev_batch: Vec<crate::model::PurgedArea>,
-    /// The batches before those, newest first, at most [`OLDER_BATCHES`]: the last resort of
+    /// The batches before those, newest first, at most `InferenceParams::older_batches`: the last resort of
     /// [`Replayer::swap_purged`].
     older_batches: VecDeque<Vec<crate::model::PurgedArea>>,
     swapped: u64,
@@ -1339,7 +1328,12 @@ impl<'o> Replayer<'o> {
             let own = own_pages;
             let expected = self.model.lazy_pages() + own;
             if f.nr_lazy < expected
-                && !self.add_order_explains(f.nr_lazy, expected, ahead, DROP_ORDER_SPAN)
+                && !self.add_order_explains(
+                    f.nr_lazy,
+                    expected,
+                    ahead,
+                    self.opts.infer.drop_order_span,
+                )
             {
                 let dropped = expected - f.nr_lazy;
                 let held = self.model.unsubtracted().to_vec();
@@ -1410,20 +1404,25 @@ impl<'o> Replayer<'o> {
             strict_ok
         } else {
             exact
-                || self.add_order_explains(f.nr_lazy, got.nr_lazy, ahead, ADD_ORDER_SPAN)
+                || self.add_order_explains(
+                    f.nr_lazy,
+                    got.nr_lazy,
+                    ahead,
+                    self.opts.infer.add_order_span,
+                )
                 || since.as_deref().is_some_and(|s| {
                     self.last_purge_nodes_explain(f.nr_lazy, got.nr_lazy, s)
                         || self.added_before_across_purge(f.nr_lazy, got.nr_lazy, pages, ahead)
                 })
         };
-        if let Some(mut s) = since.filter(|s| s.len() + 1 < SINCE_PURGE_SPAN) {
+        if let Some(mut s) = since.filter(|s| s.len() + 1 < self.opts.infer.since_purge_span) {
             s.push((f.nr_lazy, pages));
             self.since_purge = Some(s);
         }
         if ok && !exact {
             self.nr_lazy_reordered += 1;
         }
-        if self.recent_frees.len() >= ADD_ORDER_SPAN {
+        if self.recent_frees.len() >= self.opts.infer.add_order_span {
             self.recent_frees.pop_front();
         }
         self.recent_frees.push_back((f.nr_lazy, pages));
@@ -1535,7 +1534,7 @@ impl<'o> Replayer<'o> {
             &mut self.prev_batch,
             std::mem::replace(&mut self.last_batch, got.batch.clone()),
         );
-        if self.older_batches.len() >= OLDER_BATCHES {
+        if self.older_batches.len() >= self.opts.infer.older_batches {
             self.older_batches.pop_back();
         }
         self.older_batches.push_front(older);
@@ -1649,7 +1648,7 @@ impl<'o> Replayer<'o> {
     /// seen missing. Without this every pick from such a pool is a miss; full-fit workloads
     /// have the most of them. Acting on every such pick, not the second in a row,
     /// mistakes single hidden picks for pools on random-size workloads. At most
-    /// [`HIDDEN_POOL_SPAN`] are moved: fewer, or no bound, predict full-fit slightly worse.
+    /// `InferenceParams::hidden_pool_span` are moved: fewer, or no bound, predict full-fit slightly worse.
     fn pool_hidden_below(&mut self, req: &AllocRequest, node: u32, addr: u64) {
         if !self.model.pool_eligible(req) || self.model.pools().len(node, req.size) != 0 {
             return;
@@ -1665,17 +1664,17 @@ impl<'o> Replayer<'o> {
             .rev()
             .filter(|&(_, &z)| z == req.size)
             .map(|(&s, _)| s)
-            .take(HIDDEN_POOL_SPAN)
+            .take(self.opts.infer.hidden_pool_span)
             .collect();
         self.hidden_pooled += u64::from(self.model.restore_pooled(node, req.size, &below));
     }
 
-    /// The kernel took `addr`, the top of a hidden range, right below its last pick, which was
-    /// the top of one too: a pool handing out adjacent entries downwards, as
-    /// `purge_vmap_node` pushed them, which the model had merged into one free range (the
-    /// kernel keeps each as its own `vmap_area`) and then hidden. From the
-    /// [`TOP_PICKS_TO_SPLIT`]th such pick in a row, with the model's pool for the request
-    /// empty, a range that is a whole number of request-sized pieces is split into them: the
+    /// The kernel took `addr`, the top of a hidden range: a pool handing out adjacent entries
+    /// downwards, as `purge_vmap_node` pushed them, which the model had merged into one free
+    /// range (the kernel keeps each as its own `vmap_area`) and then hidden. From the
+    /// `InferenceParams::top_picks_to_split`th such pick in a row (each right below the last;
+    /// with the default 1, the first), with the model's pool for the request empty, a range
+    /// that is a whole number of request-sized pieces is split into them: the
     /// pick is then exact, and [`Replayer::pool_hidden_below`] reads the next one as the
     /// pool's. Without it each pick unhides the range, takes its top and hides the rest again,
     /// a miss every time (full-fit workloads have long runs of them).
@@ -1700,7 +1699,7 @@ impl<'o> Replayer<'o> {
         };
         self.top_pick = Some((node, req.size, addr, run));
         if s == addr
-            || run < TOP_PICKS_TO_SPLIT
+            || run < self.opts.infer.top_picks_to_split
             || req.align > self.model.params().page_size
             || !self.model.pool_eligible(req)
             || self.model.pools().len(node, req.size) != 0
@@ -1857,7 +1856,7 @@ impl<'o> Replayer<'o> {
         };
         let page = self.model.params().page_size;
         let ahead: Vec<(u64, u64)> = ahead
-            .frees_ahead(SINCE_PURGE_SPAN)
+            .frees_ahead(self.opts.infer.since_purge_span)
             .into_iter()
             .filter(|&(_, nr)| nr >= observed)
             .map(|(va, nr)| (nr, self.model.busy().get(&va).map_or(0, |b| b.size / page)))
@@ -2115,17 +2114,6 @@ impl std::fmt::Display for AllocContext {
         write!(f, "; lazy {} pages; busy {}", self.lazy_pages, self.busy)
     }
 }
-
-/// Most hidden ranges [`Replayer::pool_hidden_below`] puts into a pool at once.
-const HIDDEN_POOL_SPAN: usize = 512;
-
-/// How many kernel picks in a row, each at the top of a hidden range and right below the last,
-/// [`Replayer::split_merged_pool`] waits for before it splits the range. Fewer picks in a row
-/// also split free space that a descending walk takes in hidden stretches (such a walk through
-/// space the model had hidden in one piece also takes tops, now and then of a size that divides
-/// the range), which costs fix-size workloads; more split fewer of full-fit's merged pools. 5 is
-/// the smallest run that costs no recording of the reference set.
-const TOP_PICKS_TO_SPLIT: u32 = 5;
 
 /// Pool entries replay hid as a run: put back in order from the one after an entry the kernel
 /// is seen taking.

@@ -110,7 +110,7 @@ impl<'o> Replayer<'o> {
             return;
         }
         let mut ranked: Vec<(i128, u32)> = ahead
-            .frees_ahead_timed(JOIN_SPAN)
+            .frees_ahead_timed(self.opts.infer.join_span)
             .into_iter()
             .filter_map(|(va, ts)| {
                 let node = self.model.lazy_node_of(va)?;
@@ -180,8 +180,8 @@ impl<'o> Replayer<'o> {
         lazy.sort_unstable_by_key(|&(seq, _, _)| std::cmp::Reverse(seq));
         let mut batch: Vec<crate::model::PurgedArea> = got.batch.clone();
         batch.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
-        for &(_, a, a_pages) in lazy.iter().take(RECONCILE_SPAN) {
-            for b in batch.iter().take(RECONCILE_SPAN) {
+        for &(_, a, a_pages) in lazy.iter().take(self.opts.infer.reconcile_span) {
+            for b in batch.iter().take(self.opts.infer.reconcile_span) {
                 if a_pages as i64 - (b.area.size / page) as i64 != delta {
                     continue;
                 }
@@ -239,7 +239,12 @@ impl<'o> Replayer<'o> {
         for (from, back) in back.iter().enumerate() {
             for (to, take) in take.iter().enumerate().filter(|&(n, _)| n != from) {
                 let mut diff = 0i64;
-                for (j, (t, b)) in take.iter().zip(back).take(SHIFT_SPAN).enumerate() {
+                for (j, (t, b)) in take
+                    .iter()
+                    .zip(back)
+                    .take(self.opts.infer.shift_span)
+                    .enumerate()
+                {
                     diff += (t.area.size / page) as i64 - (b.area.size / page) as i64;
                     if diff == delta {
                         if best.is_none_or(|(k, _, _)| j + 1 < k) {
@@ -466,15 +471,6 @@ impl<'o> Replayer<'o> {
         }
     }
 }
-
-/// How many of the newest lazy and batch areas `Replayer::reconcile_batch` pairs up.
-const RECONCILE_SPAN: usize = 32;
-
-/// Most areas [`Replayer::shift_between_nodes`] moves each way: more than race one detach.
-const SHIFT_SPAN: usize = 8;
-
-/// Most frees read ahead that [`Replayer::plan_joins`] ranks: more than race any one detach.
-const JOIN_SPAN: usize = 256;
 
 /// Every non-empty set of `nodes` (`(node, batch pages)`) as a bit mask over their indices,
 /// with its pages; none when there are too many nodes to try every set.
