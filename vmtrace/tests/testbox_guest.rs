@@ -259,7 +259,8 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
             let (warm, nr_lazy, npurged) =
                 figures(&r, &format!("{cpus} nodes, {paging}-level, {name}"));
             // Measured in this guest over 4 and 8 nodes (docs/testbox.md): placement after
-            // warm-up 97.5-99.9 %, nr_lazy 88.7-100 %, npurged 90-100 % (one purge in 30 is
+            // warm-up 96.3-99.9 % (8-node random-size the lowest, from 96.3 to 97.8 % between
+            // runs of the same test), nr_lazy 88.7-100 %, npurged 90-100 % (one purge in 30 is
             // 3.3 points). These figures need the pre-6.16 decay rule, which replay takes from
             // the release (random-size depends on it most), and the areas outside the model
             // counted in npurged. The low nr_lazy runs (8 nodes, random-size) are a few purge
@@ -268,7 +269,7 @@ fn replay_on_four_and_eight_nodes_meets_the_floors() {
             // lists detached one after another), and the offset lasts until the next purge.
             // One such cycle costs about 3 points of 38 purges; 85 % allows four.
             assert!(
-                warm >= 96.0,
+                warm >= 95.0,
                 "{cpus} nodes {name}: placement after warm-up {warm:.2} %"
             );
             assert!(
