@@ -40,7 +40,7 @@ use crate::model::{
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 use detach::{Detach, StepFit};
 use lookahead::{DrainItem, DrainLookup, Lookahead};
-use purge::{node_sets, nodes_summing_to};
+use purge::nodes_summing_to;
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
 pub use report::{render_comparison, render_fit, render_text};
@@ -404,21 +404,6 @@ fn swap_candidates<'a>(
         out.extend(b);
     }
     out
-}
-
-/// Whether some prefix of `pages` adds up to exactly `want`.
-fn prefix_sums_reach(pages: impl Iterator<Item = u64>, want: u64) -> bool {
-    let mut sum = 0;
-    for p in pages {
-        sum += p;
-        if sum == want {
-            return true;
-        }
-        if sum > want {
-            return false;
-        }
-    }
-    false
 }
 
 /// Most free times remembered since the last purge event, for
@@ -1593,156 +1578,6 @@ impl<'o> Replayer<'o> {
         Ok(())
     }
 
-    /// The kernel took `addr` from its free tree although the model offered something else.
-    /// With `align <= PAGE_SIZE` the kernel's pick is its lowest fitting free block, and a
-    /// pool hit is preferred to it, so (a) when the model offered a pool hit, the kernel's pool
-    /// was empty, and (b) every model-free block below `addr` that could hold the request was
-    /// not free in the kernel. Both are space the trace never showed: pool entries from before
-    /// the trace (vmallocinfo does not list pooled areas) or diverged pool histories. They are
-    /// hidden until the kernel uses them ([`Model::unhide`]).
-    fn hide_unavailable(&mut self, req: &AllocRequest, addr: u64, model_pool_hit: bool) {
-        let node = self.model.params().layout.cpu_to_node(req.cpu);
-        if model_pool_hit {
-            let stale: Vec<u64> = self.model.pools().entries(node, req.size).collect();
-            for &s in &stale {
-                if self.model.hide(s, req.size, node) {
-                    self.hidden += 1;
-                }
-            }
-            self.hidden_pools.push(HiddenPool {
-                node,
-                size: req.size,
-                entries: stale,
-                back_before_decay: true,
-            });
-        }
-        // With a larger alignment, only the blocks long enough to steer the kernel's search
-        // are known to be taken (see `FreeSpace::alloc`): a shorter one may just have been off
-        // its path.
-        let min_len = if self.model.adjusts_search(req) {
-            req.size.saturating_add(req.align - 1)
-        } else {
-            req.size
-        };
-        let below: Vec<(u64, u64)> = self
-            .model
-            .free_space()
-            .iter()
-            .take_while(|&(s, _)| s < addr)
-            .filter(|&(s, e)| s >= req.vstart && e - s >= min_len)
-            .collect();
-        for (s, e) in below {
-            if self.model.hide(s, e - s, node) {
-                self.hidden += 1;
-            }
-        }
-    }
-
-    /// The kernel took `addr`, a hidden range of exactly the request's size, while the model's
-    /// pool for the request was empty. The second such pick in a row on the node, lower than
-    /// the first, reads as the kernel's pool handing out entries the trace never showed (from
-    /// before it, or left under the pool's later entries, which a decay never reaches: it cuts
-    /// from the head). `purge_vmap_node` pushes a batch in address order, so such a pool gives
-    /// them out downwards: the hidden ranges of that size below `addr` become the model's pool,
-    /// highest on top. When the kernel then takes something else, the pool is hidden again as
-    /// seen missing. Without this every pick from such a pool is a miss; full-fit workloads
-    /// have the most of them. Acting on every such pick, not the second in a row,
-    /// mistakes single hidden picks for pools on random-size workloads. At most
-    /// `InferenceParams::hidden_pool_span` are moved: fewer, or no bound, predict full-fit slightly worse.
-    fn pool_hidden_below(&mut self, req: &AllocRequest, node: u32, addr: u64) {
-        if !self.model.pool_eligible(req) || self.model.pools().len(node, req.size) != 0 {
-            return;
-        }
-        let prev = self.hidden_pick.replace((node, req.size, addr));
-        if !prev.is_some_and(|(n, z, a)| n == node && z == req.size && a > addr) {
-            return;
-        }
-        let below: Vec<u64> = self
-            .model
-            .hidden()
-            .range(..addr)
-            .rev()
-            .filter(|&(_, &z)| z == req.size)
-            .map(|(&s, _)| s)
-            .take(self.opts.infer.hidden_pool_span)
-            .collect();
-        self.hidden_pooled += u64::from(self.model.restore_pooled(node, req.size, &below));
-    }
-
-    /// The kernel took `addr`, the top of a hidden range: a pool handing out adjacent entries
-    /// downwards, as `purge_vmap_node` pushed them, which the model had merged into one free
-    /// range (the kernel keeps each as its own `vmap_area`) and then hidden. From the
-    /// `InferenceParams::top_picks_to_split`th such pick in a row (each right below the last;
-    /// with the default 1, the first), with the model's pool for the request empty, a range
-    /// that is a whole number of request-sized pieces is split into them: the
-    /// pick is then exact, and [`Replayer::pool_hidden_below`] reads the next one as the
-    /// pool's. Without it each pick unhides the range, takes its top and hides the rest again,
-    /// a miss every time (full-fit workloads have long runs of them).
-    /// Ranges that are not a whole number of pieces are not split: splitting them from the top
-    /// mispredicts fix-size and random-size workloads.
-    fn split_merged_pool(&mut self, req: &AllocRequest, node: u32, addr: u64) {
-        let top = self
-            .model
-            .hidden()
-            .range(..=addr)
-            .next_back()
-            .filter(|&(&s, &z)| s + z == addr + req.size)
-            .map(|(&s, _)| s);
-        let Some(s) = top else {
-            return;
-        };
-        let run = match self.top_pick {
-            Some((n, z, a, k)) if n == node && z == req.size && a == addr + req.size => {
-                k.saturating_add(1)
-            }
-            _ => 1,
-        };
-        self.top_pick = Some((node, req.size, addr, run));
-        if s == addr
-            || run < self.opts.infer.top_picks_to_split
-            || req.align > self.model.params().page_size
-            || !self.model.pool_eligible(req)
-            || self.model.pools().len(node, req.size) != 0
-        {
-            return;
-        }
-        if self.model.split_hidden(s, req.size) {
-            self.hidden_split += 1;
-        }
-    }
-
-    /// The kernel took `addr`, a hidden range of exactly the request's size, below `predicted`,
-    /// the model's pick. The second such pick in a row of that size, above the first, reads as
-    /// the kernel's lowest fit walking up through ranges free there that the model had hidden:
-    /// typically pool entries a decay gave back to the kernel's free tree, hidden when the
-    /// kernel's picks above them came from a pool the model did not know of (the hiding rule
-    /// takes every pick the model had free as a free-tree pick). Every hidden range of exactly
-    /// that size between the pick and `predicted` goes back to the free tree; without this,
-    /// full-fit workloads miss each step of such a walk. The longer hidden ranges in that span
-    /// stay hidden, and a single pick is not enough: giving back either way mispredicts
-    /// random-size workloads.
-    fn free_hidden_above(&mut self, req: &AllocRequest, addr: u64, predicted: u64) {
-        if predicted <= addr || req.align > self.model.params().page_size {
-            return;
-        }
-        let prev = self.hidden_low_pick.replace((req.size, addr));
-        if !prev.is_some_and(|(z, a)| z == req.size && a < addr) {
-            return;
-        }
-        let above: Vec<u64> = self
-            .model
-            .hidden()
-            .range(addr..predicted)
-            .filter(|&(_, &z)| z == req.size)
-            .map(|(&s, _)| s)
-            .collect();
-        for s in above {
-            if self.model.unhide(s, req.size) {
-                self.hidden_freed += 1;
-            }
-        }
-    }
-
     /// The kernel allocated exactly an area the model still holds lazy, with no purge of it
     /// pending: the kernel's last purge took it, and left lazy one the model's purge took (the
     /// detach race: the kernel detaches the nodes' lazy lists one after another, while the
@@ -1792,97 +1627,6 @@ impl<'o> Replayer<'o> {
         self.model.lazy().overlaps(addr, end)
     }
 
-    /// Whether `observed` exceeds `predicted` by exactly the pages of some nodes' batches in the
-    /// last purge: the backlog of a free whose add came before those nodes subtracted. `since`
-    /// are the frees between the purge event and this one (observed backlog, pages). Those that
-    /// reported less were added after the subtraction, so after this free, and the kernel's
-    /// backlog for it lacks their pages, which the model's holds: the difference is looked for
-    /// with and without them (a free two after the purge event can report the backlog from
-    /// before the subtraction, behind one added after it).
-    fn last_purge_nodes_explain(
-        &self,
-        observed: u64,
-        predicted: u64,
-        since: &[(u64, u64)],
-    ) -> bool {
-        let later: u64 = since
-            .iter()
-            .filter(|&&(nr, _)| nr < observed)
-            .map(|&(_, pages)| pages)
-            .sum();
-        let per_node = self.last_batch_per_node();
-        [0, later].iter().any(|&l| {
-            observed
-                .checked_add(l)
-                .and_then(|o| o.checked_sub(predicted))
-                .is_some_and(|d| d > 0 && nodes_summing_to(&per_node, d).is_some())
-        })
-    }
-
-    /// The last purge's batch as `(node, pages)`.
-    fn last_batch_per_node(&self) -> Vec<(u32, u64)> {
-        let page = self.model.params().page_size;
-        let mut per_node: Vec<(u32, u64)> = Vec::new();
-        for a in &self.last_batch {
-            match per_node.iter_mut().find(|(n, _)| *n == a.node) {
-                Some((_, pages)) => *pages += a.area.size / page,
-                None => per_node.push((a.node, a.area.size / page)),
-            }
-        }
-        per_node
-    }
-
-    /// The other side of [`Replayer::last_purge_nodes_explain`]: a free soon after a purge
-    /// event, added after the purge's subtraction, whose backlog exceeds the model's by the
-    /// pages of frees read ahead that were added before the subtraction (so before this free).
-    /// Those report the backlog from before it, and their adds chain exactly: with `b` the
-    /// batches of a set of the purge's nodes, the closest reports `b` more than this free's
-    /// backlog without its own `pages`, the next `b` more than that less the closest's pages,
-    /// and so on. Anything looser let a steady offset after a purge pass (a free simply next in
-    /// order reports more, and less than `b` above). It reads, for instance, the free right
-    /// before one that [`Replayer::last_purge_nodes_explain`] reads.
-    fn added_before_across_purge(
-        &self,
-        observed: u64,
-        predicted: u64,
-        pages: u64,
-        ahead: &dyn DrainLookup,
-    ) -> bool {
-        let Some(d) = observed.checked_sub(predicted).filter(|&d| d > 0) else {
-            return false;
-        };
-        let Some(before_own) = observed.checked_sub(pages) else {
-            return false;
-        };
-        let page = self.model.params().page_size;
-        let ahead: Vec<(u64, u64)> = ahead
-            .frees_ahead(self.opts.infer.since_purge_span)
-            .into_iter()
-            .filter(|&(_, nr)| nr >= observed)
-            .map(|(va, nr)| (nr, self.model.busy().get(&va).map_or(0, |b| b.size / page)))
-            .collect();
-        let per_node = self.last_batch_per_node();
-        let chains = node_sets(&per_node).any(|(_, b)| {
-            let (mut want, mut sum) = (before_own, 0u64);
-            let mut used = vec![false; ahead.len()];
-            while sum < d {
-                let Some(k) =
-                    (0..ahead.len()).find(|&k| !used[k] && ahead[k].0.checked_sub(b) == Some(want))
-                else {
-                    return false;
-                };
-                used[k] = true;
-                sum += ahead[k].1;
-                let Some(w) = want.checked_sub(ahead[k].1) else {
-                    return false;
-                };
-                want = w;
-            }
-            sum == d
-        });
-        chains
-    }
-
     /// A node's loop ended with a drop below its deferred batch, while the purge's count is
     /// right: the detach race went the other way for its newest frees
     /// ([`Model::move_batch_tail`], with the one other node still held). Without it every node
@@ -1920,61 +1664,6 @@ impl<'o> Replayer<'o> {
             }
         }
         false
-    }
-
-    /// Whether the kernel's order of `vmap_lazy_nr` additions explains a free's `observed`
-    /// backlog against the model's `predicted` one. The trace orders frees by their events,
-    /// but the backlog a free reports is the return of its `atomic_long_add_return`, which can
-    /// come well before its event (a task preempted in between, a lazy-lock wait): the other
-    /// CPU's frees meanwhile report a backlog that already includes it, and it reports one
-    /// without theirs. Between two purge decrements the counter only grows, so the reported
-    /// values themselves give the add order: a free reporting less was added earlier. The
-    /// prediction agrees in add order when `observed - predicted` is exactly the pages of the
-    /// frees read ahead (up to `span`, before the next purge event) that report
-    /// less, the closest below `observed` first, or `predicted - observed` those of the frees
-    /// since the model's last purge step that reported more, the closest above first. Only the
-    /// closest count: a node's decrement comes before the purge's event, so frees read ahead
-    /// past it report far less without having been added earlier, and counting every free that
-    /// reported less would leave such reorders unexplained. Counted as agreement
-    /// (`nr_lazy_reordered` says how often).
-    fn add_order_explains(
-        &self,
-        observed: u64,
-        predicted: u64,
-        ahead: &dyn DrainLookup,
-        span: usize,
-    ) -> bool {
-        let page = self.model.params().page_size;
-        match observed.cmp(&predicted) {
-            std::cmp::Ordering::Equal => true,
-            std::cmp::Ordering::Greater => {
-                let mut earlier: Vec<(u64, u64)> = ahead
-                    .frees_ahead(span)
-                    .into_iter()
-                    .filter(|&(_, nr)| nr < observed)
-                    .map(|(va, nr)| (nr, self.model.busy().get(&va).map_or(0, |b| b.size / page)))
-                    .collect();
-                // Closest to this free's add first: a free read ahead that reports far less
-                // came after a purge's decrement (before its event), not before this add.
-                earlier.sort_unstable_by_key(|&(nr, _)| std::cmp::Reverse(nr));
-                prefix_sums_reach(
-                    earlier.iter().map(|&(_, pages)| pages),
-                    observed - predicted,
-                )
-            }
-            std::cmp::Ordering::Less => {
-                let mut later: Vec<(u64, u64)> = self
-                    .recent_frees
-                    .iter()
-                    .rev()
-                    .take(span)
-                    .copied()
-                    .filter(|&(nr, _)| nr > observed)
-                    .collect();
-                later.sort_unstable();
-                prefix_sums_reach(later.iter().map(|&(_, pages)| pages), predicted - observed)
-            }
-        }
     }
 
     /// The strict figures, meaningful when this replayer is the causal one.

@@ -474,7 +474,7 @@ impl<'o> Replayer<'o> {
 
 /// Every non-empty set of `nodes` (`(node, batch pages)`) as a bit mask over their indices,
 /// with its pages; none when there are too many nodes to try every set.
-pub(super) fn node_sets(nodes: &[(u32, u64)]) -> impl Iterator<Item = (u32, u64)> + '_ {
+pub(in crate::replay) fn node_sets(nodes: &[(u32, u64)]) -> impl Iterator<Item = (u32, u64)> + '_ {
     let sets = if nodes.len() > 16 {
         0
     } else {
@@ -492,7 +492,7 @@ pub(super) fn node_sets(nodes: &[(u32, u64)]) -> impl Iterator<Item = (u32, u64)
 /// The nodes among `(node, batch pages)` whose pages add up to exactly `pages`: the smallest
 /// such set (the lowest node ids among equals), or `None` when none does or there are too many
 /// nodes to try every set.
-pub(super) fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
+pub(in crate::replay) fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> Option<Vec<u32>> {
     node_sets(nodes)
         .filter(|&(_, sum)| sum == pages)
         .map(|(mask, _)| mask)

@@ -1,12 +1,17 @@
-//! Observed-timing replay's inference rules: what each may look at, in one place.
+//! Observed-timing replay's inference rules (docs/inference.md gives one section each).
 //!
-//! The rules themselves (docs/inference.md gives one section each) still live on `Replayer`
-//! in `replay/mod.rs` and `replay/purge.rs`; what they were tuned with lives here, so a sweep
-//! or a held-out check changes one value in one struct rather than a constant in a file, and a
-//! report can say what it ran with. Every default below was chosen on recordings of the 2-CPU
+//! The rules on placement and on the backlog's order have a file each here: `hidden` (hidden
+//! ranges), `add_order` and `across_purge` (backlogs a free reports out of the model's order).
+//! The purge rules still live on `Replayer` in `replay/purge.rs` and `replay/mod.rs`. What
+//! every rule was tuned with lives in [`InferenceParams`], so that a sweep or a held-out check
+//! changes one value in one struct rather than a constant in a file. Every default below was chosen on recordings of the 2-CPU
 //! 6.18 reference machine; docs/fidelity.md gives the train/test split any change is judged on.
 
 use serde::Serialize;
+
+mod across_purge;
+mod add_order;
+mod hidden;
 
 /// An `--infer NAME=N` that names no parameter or has no valid value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
