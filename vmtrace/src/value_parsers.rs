@@ -18,9 +18,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a valid duration ({e}); try `10s`, `500ms` or `1m30s`"))
 }
 
+/// Splits a `NAME=N` override (`--cost`, `--infer`) into its trimmed name and whole number;
+/// `None` without an `=` or with anything but a number after it.
+pub fn name_and_number(s: &str) -> Option<(&str, u64)> {
+    let (name, value) = s.split_once('=')?;
+    Some((name.trim(), value.trim().parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn name_and_number_splits_an_override() {
+        assert_eq!(name_and_number(" join_span = 64 "), Some(("join_span", 64)));
+        assert_eq!(name_and_number("join_span"), None);
+        assert_eq!(name_and_number("join_span=x"), None);
+        assert_eq!(name_and_number("join_span=-1"), None);
+    }
+
     #[test]
     fn durations_parse() {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));

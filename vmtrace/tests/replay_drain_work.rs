@@ -802,7 +802,7 @@ fn busy_slots_then_with(busy: &[u64], picks: &[u64], opts: &ReplayOptions) -> Re
 }
 
 /// [`options`] with the split rule waiting for `picks` top picks in a row.
-fn splitting_after(picks: u32) -> ReplayOptions {
+fn splitting_after(picks: usize) -> ReplayOptions {
     let mut o = options();
     o.infer.top_picks_to_split = picks;
     o

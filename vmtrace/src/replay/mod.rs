@@ -714,7 +714,7 @@ struct Replayer<'o> {
     /// The last kernel pick at the top of a hidden range and how many such picks, each right
     /// below the last, came in a row: `(node, size, addr, run)`
     /// ([`Replayer::split_merged_pool`]).
-    top_pick: Option<(u32, u64, u64, u32)>,
+    top_pick: Option<(u32, u64, u64, usize)>,
     /// Areas the model does not manage (other windows, conflicting placements): start → size.
     outside: HashMap<u64, u64>,
     obs_slots: PageTableSlots,

@@ -420,8 +420,8 @@ impl Des {
     /// A contended spinlock passes to its next waiter `ns` after the holder's release (the
     /// queued lock's handoff, as `Costs::spin_handoff_ns` measures it): the waiter waits that
     /// much longer, and no one else takes the lock meanwhile (its `held_ns` still counts the
-    /// sections alone). An uncontended take pays nothing, and
-    /// the purge mutex, which sleeps, is not a spinlock.
+    /// sections alone). An uncontended take pays nothing, and the purge mutex, which sleeps, is
+    /// not a spinlock.
     pub fn with_spin_handoff(mut self, ns: u64) -> Self {
         self.spin_handoff_ns = ns;
         self

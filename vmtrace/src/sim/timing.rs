@@ -58,8 +58,8 @@ pub struct Costs {
     pub purge_per_object_ns: u64,
     /// A contended spinlock's handoff: from the holder's release to the waiter's entry, the
     /// `contention` probes' own cost included. Every observed wait contains it, whatever the
-    /// class, so waits never fall below it; the simulation adds it to each wait and keeps the
-    /// lock held through it. 0 (nothing measured, or an older calibration) adds none.
+    /// class, so waits never fall below it; the simulation adds it to each wait, and no one else
+    /// takes the lock meanwhile. 0 (nothing measured, or an older calibration) adds none.
     #[serde(default)]
     pub spin_handoff_ns: u64,
 }
@@ -141,14 +141,8 @@ impl Costs {
 
     /// Parses `NAME=NS` (a `--cost` argument) into a known name and a value.
     pub fn parse_override(s: &str) -> Result<(String, u64), CostError> {
-        let (name, value) = s
-            .split_once('=')
+        let (name, ns) = crate::value_parsers::name_and_number(s)
             .ok_or_else(|| CostError::Syntax(s.to_string()))?;
-        let name = name.trim();
-        let ns: u64 = value
-            .trim()
-            .parse()
-            .map_err(|_| CostError::Syntax(s.to_string()))?;
         if Costs::default().get(name).is_none() {
             return Err(CostError::Unknown(name.to_string()));
         }

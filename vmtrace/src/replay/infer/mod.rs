@@ -50,7 +50,7 @@ pub struct InferenceParams {
     /// 5 → 98.08 %); on `test` 1 gives 96.22 % against 95.62 % for 5, and no recording of
     /// either split does worse. Waiting for a run was meant to spare free space that a
     /// descending walk takes in hidden stretches; on this corpus the split costs nothing there.
-    pub top_picks_to_split: u32,
+    pub top_picks_to_split: usize,
     /// How many of the newest lazy and batch areas `Replayer::reconcile_batch` pairs up.
     pub reconcile_span: usize,
     /// Most areas `Replayer::shift_between_nodes` moves each way: more than race one detach.
@@ -89,39 +89,35 @@ impl InferenceParams {
         "join_span",
     ];
 
+    fn field(&mut self, name: &str) -> Option<&mut usize> {
+        Some(match name {
+            "add_order_span" => &mut self.add_order_span,
+            "drop_order_span" => &mut self.drop_order_span,
+            "since_purge_span" => &mut self.since_purge_span,
+            "older_batches" => &mut self.older_batches,
+            "hidden_pool_span" => &mut self.hidden_pool_span,
+            "top_picks_to_split" => &mut self.top_picks_to_split,
+            "reconcile_span" => &mut self.reconcile_span,
+            "shift_span" => &mut self.shift_span,
+            "join_span" => &mut self.join_span,
+            _ => return None,
+        })
+    }
+
     /// Overrides the parameter called `name`.
     pub fn set(&mut self, name: &str, value: u64) -> Result<(), InferError> {
         let n =
             usize::try_from(value).map_err(|_| InferError::Syntax(format!("{name}={value}")))?;
-        match name {
-            "add_order_span" => self.add_order_span = n,
-            "drop_order_span" => self.drop_order_span = n,
-            "since_purge_span" => self.since_purge_span = n,
-            "older_batches" => self.older_batches = n,
-            "hidden_pool_span" => self.hidden_pool_span = n,
-            "top_picks_to_split" => {
-                self.top_picks_to_split = u32::try_from(value)
-                    .map_err(|_| InferError::Syntax(format!("{name}={value}")))?
-            }
-            "reconcile_span" => self.reconcile_span = n,
-            "shift_span" => self.shift_span = n,
-            "join_span" => self.join_span = n,
-            _ => return Err(InferError::Unknown(name.to_string())),
-        }
+        *self
+            .field(name)
+            .ok_or_else(|| InferError::Unknown(name.to_string()))? = n;
         Ok(())
     }
 
     /// Parses `NAME=N` (an `--infer` argument) into a known name and a value.
     pub fn parse_override(s: &str) -> Result<(String, u64), InferError> {
-        let (name, value) = s
-            .split_once('=')
-            .ok_or_else(|| InferError::Syntax(s.to_string()))?;
-        let name = name.trim();
-        let value: u64 = value
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&v| v > 0)
+        let (name, value) = crate::value_parsers::name_and_number(s)
+            .filter(|&(_, v)| v > 0)
             .ok_or_else(|| InferError::Syntax(s.to_string()))?;
         InferenceParams::default().set(name, value)?;
         Ok((name.to_string(), value))
