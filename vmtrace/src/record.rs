@@ -84,6 +84,15 @@ pub struct RecordArgs {
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_PROBES)]
     pub probes: Vec<String>,
 
+    /// Empty the vmap pools just before the start snapshot, so that it shows the whole
+    /// allocator state and a free-running replay starts where the kernel did. Pooled areas are
+    /// in no list /proc/vmallocinfo prints, so with full pools (after any earlier vmalloc-heavy
+    /// work) the snapshot shows their space as free. Writes 2 to /proc/sys/vm/drop_caches,
+    /// which runs the `vmap-node` shrinker and also drops reclaimable slab (dentries and
+    /// inodes): meant for a test box, not a busy production machine.
+    #[arg(long)]
+    pub drain_pools: bool,
+
     /// Command to run while recording, like `perf record -- cmd`. Recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -776,7 +785,16 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
 
     // Snapshot right after attach: the window in which an event can refer to an area the
     // snapshot does not show is then only as long as the read itself.
-    let snapshot = vmallocinfo::snapshot().context("snapshotting /proc/vmallocinfo")?;
+    let drained = args.drain_pools
+        && match vmallocinfo::drain_pools() {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("--drain-pools: {e}; the snapshot cannot show the pools");
+                false
+            }
+        };
+    let mut snapshot = vmallocinfo::snapshot().context("snapshotting /proc/vmallocinfo")?;
+    snapshot.pools_drained = drained;
     if !snapshot.real_addresses {
         log::warn!(
             "/proc/vmallocinfo addresses are hashed; the start snapshot cannot seed a replay"

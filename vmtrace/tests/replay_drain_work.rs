@@ -971,3 +971,29 @@ fn a_free_after_a_purge_may_follow_the_add_of_one_that_preceded_the_subtraction(
         r.first_divergences
     );
 }
+
+/// A snapshot's lazily freed area carries its node's tag in the kernel (`alloc_vmap_area`
+/// tags every allocation of the VMALLOC window when there is more than one node), so the
+/// purge that takes it pools it, and the next allocation of its size on that node gets it
+/// back. The area sits high, at the fourth 64 KiB zone (node 0 of 2); with the tag lost, it
+/// would go back to the free tree and the allocation would be predicted at VMALLOC_START.
+#[test]
+fn a_snapshot_lazy_area_is_pooled_by_the_purge_that_takes_it() {
+    let u = VMALLOC_START + 4 * 0x10000;
+    let header = preamble();
+    let header = header.lines().next().expect("header");
+    let mut t = format!(
+        "{header}\n{{\"type\":\"vmallocinfo\",\"ts_start_ns\":1000,\"ts_end_ns\":2000,\"real_addresses\":true,\"areas\":[{{\"start\":\"{u:#x}\",\"end\":\"{:#x}\",\"size\":{AREA},\"kind\":\"unpurged\"}}]}}\n",
+        u + AREA
+    );
+    t += &purge(3000, KWORKER, 1);
+    t += &alloc_on(0, 4000, u);
+    let r = replay(t.as_bytes(), &options()).expect("replay");
+    assert_eq!(r.purges[0].predicted_npurged, 1);
+    assert_eq!(
+        (r.placement.compared, r.placement.agreed),
+        (1, 1),
+        "{:?}",
+        r.first_divergences
+    );
+}

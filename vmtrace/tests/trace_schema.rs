@@ -201,6 +201,7 @@ fn snapshot() -> VmallocSnapshot {
         ts_start_ns: 713_742_295_272,
         ts_end_ns: 713_743_598_664,
         real_addresses: true,
+        pools_drained: false,
         areas: vec![
             area(VSTART, 20480, AreaKind::Busy), // nothing after the size at all
             ioremap,
@@ -515,6 +516,7 @@ fn more_footers() -> Vec<Record> {
         ts_start_ns: 0,
         ts_end_ns: 0,
         real_addresses: false,
+        pools_drained: false,
         areas: vec![area(0xf841eac3, 20480, AreaKind::Busy)],
     }))])
     .collect()

@@ -383,7 +383,8 @@ fn record_corpus(vmtrace: &Path, corpus: &Path, duration: &str) -> Result<Manife
         let command = record_command(e, duration, &file);
         // The workload is the same binary; the manifest keeps the plain name.
         let mut run = command.clone();
-        run[5] = vmtrace.display().to_string();
+        let workload = run.iter().position(|w| w == "--").map_or(0, |i| i + 1);
+        run[workload] = vmtrace.display().to_string();
         cmd::run(Command::new(vmtrace).args(&run[1..]).current_dir(corpus))?;
         let (bytes, sha256) = digest(&path)?;
         recordings.push(Recorded {
@@ -417,10 +418,21 @@ fn record_corpus(vmtrace: &Path, corpus: &Path, duration: &str) -> Result<Manife
 /// The command that records one entry, as it is written into the manifest (run in the corpus
 /// directory; the first word stands for the vmtrace binary).
 fn record_command(e: &Entry, duration: &str, file: &str) -> Vec<String> {
-    let mut c: Vec<String> = ["vmtrace", "record", "-o", file, "--", "vmtrace", "stress"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    // Pools drained: the free-running validation starts from the snapshot, which cannot show
+    // them, and the recordings run back to back, each after one that filled them.
+    let mut c: Vec<String> = [
+        "vmtrace",
+        "record",
+        "--drain-pools",
+        "-o",
+        file,
+        "--",
+        "vmtrace",
+        "stress",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     c.push(e.pattern.into());
     c.extend(["--threads".into(), e.threads.to_string()]);
     c.extend(["--duration".into(), duration.into()]);

@@ -230,6 +230,8 @@ impl LiveAreas {
             ts_start_ns: self.as_of_ns,
             ts_end_ns: self.as_of_ns,
             real_addresses: self.real_addresses,
+            // Mid-trace the pools hold whatever the purges put there.
+            pools_drained: false,
             areas: self.areas.values().cloned().collect(),
         }
     }

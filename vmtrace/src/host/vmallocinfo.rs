@@ -95,6 +95,7 @@ pub fn snapshot() -> Result<VmallocSnapshot, HostError> {
         ts_start_ns,
         ts_end_ns,
         real_addresses,
+        pools_drained: false,
         areas,
     })
 }
@@ -107,6 +108,21 @@ fn looks_real(areas: &[VmallocArea]) -> bool {
         && areas
             .iter()
             .all(|a| a.start.is_kernel() && a.end.0.wrapping_sub(a.start.0) == a.size)
+}
+
+const DROP_CACHES: &str = "/proc/sys/vm/drop_caches";
+
+/// Empties the vmap nodes' pools before a snapshot, which cannot show them: pooled areas are
+/// in no busy list and not in the free tree, so a snapshot taken with full pools lists as free
+/// space the kernel cannot hand out. Writing 2 to `vm.drop_caches` runs every slab shrinker
+/// (`drop_slab`), the `vmap-node` one among them, which decays every pool fully into the free
+/// tree. It also drops reclaimable slab (dentries, inodes): an action, not a setting, so there
+/// is nothing to restore.
+pub fn drain_pools() -> Result<(), HostError> {
+    std::fs::write(DROP_CACHES, "2\n").map_err(|source| HostError::Write {
+        path: DROP_CACHES.into(),
+        source,
+    })
 }
 
 #[cfg(test)]

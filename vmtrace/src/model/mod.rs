@@ -67,7 +67,8 @@ impl Variant {
     /// Every variant, in the order the CLI lists them.
     pub const ALL: [Variant; 3] = [Variant::Nodes, Variant::NodesCapped, Variant::Global];
 
-    fn has_pools(self) -> bool {
+    /// Whether the design has per-node pools (every one since v6.9; not the global lock).
+    pub fn has_pools(self) -> bool {
         !matches!(self, Variant::Global)
     }
 }

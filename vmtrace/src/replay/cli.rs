@@ -507,6 +507,21 @@ fn render_calibration(c: &Calibration) -> String {
             );
         }
     }
+    match &c.purge_span {
+        Some(d) => {
+            let _ = writeln!(
+                s,
+                "  purge span (drain start to its purge's event): {} items, median {} ns, p90 {} ns, max {} ns (sampled per purge: its batch is held back until then)",
+                d.count, d.p50_ns, d.p90_ns, d.max_ns
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "  purge span: not measured (needs --probes purge_work); free-running purges return their batch at once"
+            );
+        }
+    }
     if let Some(d) = &c.drop_delay {
         let _ = writeln!(
             s,

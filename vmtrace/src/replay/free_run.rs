@@ -15,7 +15,7 @@ use std::io::BufRead;
 use serde::Serialize;
 
 use super::{ReplayError, ReplayOptions, Replayer};
-use crate::model::{AllocRequest, LockCounts, Model, SlotCounts, Variant};
+use crate::model::{AllocRequest, LockCounts, Model, PurgeInProgress, SlotCounts, Variant};
 use crate::sim::calibration::{Calibration, DrainLatency, FollowUp, HoldTail};
 use crate::sim::des::{class_index, Des, LockRef, Op, OpKind, Step, WaitSample};
 use crate::sim::timing::{ClassWait, Costs, Observed, ObservedAcc};
@@ -34,6 +34,11 @@ pub struct FreeRunOptions {
     /// How often a drain item is queued again while it runs, and when the follow-up starts (a
     /// calibration); `None`: never.
     pub follow_up: Option<FollowUp>,
+    /// How long a purge keeps its batch (a calibration: a drain item's start to its purge's
+    /// event), sampled per purge: its areas are off the lazy lists from the detach and reach
+    /// the pools or the free tree only at the end, so allocations meanwhile go elsewhere.
+    /// `None`: the batch returns at the purge's start.
+    pub purge_span: Option<DrainLatency>,
     /// Long holds per lock class (a calibration): with probability `tail_share` an ordinary
     /// section holds `tail_ns` instead of its cost, as a holder that was interrupted does.
     pub tails: BTreeMap<LockClass, HoldTail>,
@@ -60,6 +65,7 @@ impl FreeRunOptions {
         self.tails.clone_from(&calibration.tails);
         self.drain_latency.clone_from(&calibration.drain_latency);
         self.follow_up.clone_from(&calibration.follow_up);
+        self.purge_span.clone_from(&calibration.purge_span);
         self
     }
 }
@@ -70,6 +76,7 @@ impl Default for FreeRunOptions {
             purge_latency_ns: 1_000_000,
             drain_latency: None,
             follow_up: None,
+            purge_span: None,
             tails: BTreeMap::new(),
             seed: 1,
             highpri_latency_ns: 50_000,
@@ -244,6 +251,9 @@ pub fn free_run<R: BufRead>(
         seeded_slots,
         drain_latencies: Vec::new(),
         follow_up: fr.follow_up.clone(),
+        purge_span: fr.purge_span.clone(),
+        inflight: None,
+        last_purge_end: 0,
         last_free_at: BTreeMap::new(),
         follow_up_purges: 0,
         des,
@@ -301,9 +311,7 @@ pub fn free_run<R: BufRead>(
             _ => {}
         }
     }
-    if let Some(at) = run.purge_at {
-        run.purge(at);
-    }
+    run.due(u64::MAX);
     Ok(run.finish(opts, lazy_max))
 }
 
@@ -499,6 +507,11 @@ struct Run {
     seeded_slots: SlotCounts,
     drain_latencies: Vec<u64>,
     follow_up: Option<FollowUp>,
+    purge_span: Option<DrainLatency>,
+    /// The drain work's purge between its detach and its end, and when it ends.
+    inflight: Option<(Inflight, u64)>,
+    /// When the last purge ended: `vmap_purge_lock` holds the next one back until then.
+    last_purge_end: u64,
     /// Each CPU's latest free, to tell whether a drain starts among concurrent frees.
     last_free_at: BTreeMap<u32, u64>,
     follow_up_purges: u64,
@@ -527,6 +540,17 @@ struct Run {
     observed: ObservedAcc,
     strict: bool,
     line: usize,
+}
+
+/// A purge between [`Run::purge_begin`] and [`Run::purge_end`], with what its decay did.
+struct Inflight {
+    p: PurgeInProgress,
+    at: u64,
+    /// Per node: pools non-empty before the decay, and the entries it returned.
+    nonempty: Vec<u64>,
+    decayed: Vec<u64>,
+    /// The follow-up drain it gets ([`Run::follow_up_after`]), decided at its start.
+    follow_gap: Option<u64>,
 }
 
 fn mean(v: &[u64]) -> f64 {
@@ -601,12 +625,29 @@ impl Run {
         self.cpus_seen.insert(cpu);
     }
 
-    /// Runs the queued drain if its time has come.
+    /// Ends the purge under way and runs the queued drain, each if its time has come; a
+    /// drain queued while a purge runs waits for its end (`vmap_purge_lock`).
     fn due(&mut self, ts: u64) {
-        if let Some(at) = self.purge_at {
-            if at <= ts {
-                self.purge(at);
+        loop {
+            if let Some(&(_, ends)) = self.inflight.as_ref() {
+                if ends > ts {
+                    return;
+                }
+                self.end_inflight();
+                continue;
             }
+            match self.purge_at {
+                Some(at) if at <= ts => self.purge(at),
+                _ => return,
+            }
+        }
+    }
+
+    /// Finishes the purge under way now, if there is one.
+    fn end_inflight(&mut self) {
+        if let Some((f, ends)) = self.inflight.take() {
+            self.last_purge_end = ends;
+            self.complete_drain(f);
         }
     }
 
@@ -686,8 +727,9 @@ impl Run {
         held += self.emit(&mut steps, LockClass::FreeAreaLock);
         held += self.emit(&mut steps, LockClass::NodeBusyLock);
         if got.is_err() {
-            // The failure path: a full purge at once under the mutex, then one retry without
-            // the pools.
+            // The failure path: a full purge at once under the mutex (after the drain's purge
+            // under way, which holds it), then one retry without the pools.
+            self.end_inflight();
             self.purge_now(a.ctx.ts_ns, true, &mut steps, &mut helpers);
             req.retry = true;
             got = match self.model.alloc(&req) {
@@ -767,7 +809,9 @@ impl Run {
         steps.extend(lazy);
         steps.push(Step::Work(rest - rest / 2));
         self.sync_prev();
-        let trigger = got.drain && self.purge_at.is_none();
+        // While the drain's purge runs, its pages are still in the backlog; the follow-up
+        // measurement stands for the frees that queue it again meanwhile.
+        let trigger = got.drain && self.purge_at.is_none() && self.inflight.is_none();
         let mut drain_latency = None;
         if trigger {
             let latency = match &self.drain {
@@ -811,12 +855,34 @@ impl Run {
 
     /// The drain work: one purge in the node design; the pre-node design's drain loop repeats
     /// it while the backlog stays above the threshold (`drain_vmap_area_work` before v6.9). It
-    /// runs on the purge worker.
+    /// runs on the purge worker. With a measured purge span its batch stays out of the model
+    /// until the span has passed, and the rest happens then ([`Run::complete_drain`]).
     fn purge(&mut self, at: u64) {
         self.purge_at = None;
+        let at = at.max(self.last_purge_end);
+        let span = match &self.purge_span {
+            Some(d) => d.sample(self.rng.unit()),
+            None => 0,
+        };
+        let mut f = self.purge_begin(at, false);
+        // Whether it is queued again depends on the frees before its start.
+        f.follow_gap = self.follow_up_after(at);
+        if span == 0 {
+            self.last_purge_end = at;
+            self.complete_drain(f);
+        } else {
+            self.inflight = Some((f, at.saturating_add(span)));
+        }
+    }
+
+    /// The end of the drain work whose purge `f` began: its purge's return, the pre-node
+    /// design's further rounds, the follow-up, and the whole item as one job of the purge
+    /// worker.
+    fn complete_drain(&mut self, f: Inflight) {
+        let (at, follow_gap) = (f.at, f.follow_gap);
         let mut steps = self.des.steps();
         let mut helpers = Vec::new();
-        self.purge_now(at, false, &mut steps, &mut helpers);
+        self.purge_end(f, &mut steps, &mut helpers);
         if self.model.params().variant == Variant::Global {
             while self.model.lazy_pages() > self.model.params().lazy_max_pages {
                 if self.purge_now(at, false, &mut steps, &mut helpers) == 0 {
@@ -824,7 +890,6 @@ impl Run {
                 }
             }
         }
-        let follow_gap = self.follow_up_after(at);
         self.des.push_job(Op {
             kind: OpKind::Purge,
             steps,
@@ -871,8 +936,13 @@ impl Run {
         steps: &mut Vec<Step>,
         helpers: &mut Vec<Op>,
     ) -> u32 {
-        let c = self.costs;
-        let variant = self.model.params().variant;
+        let f = self.purge_begin(at, full);
+        self.purge_end(f, steps, helpers)
+    }
+
+    /// The first half of [`Run::purge_now`]: every node's pools decay and its lazy list is
+    /// detached. The sections it entered are the purge's own, built at its end.
+    fn purge_begin(&mut self, at: u64, full: bool) -> Inflight {
         // Pool lengths before the decay: which pools are non-empty and what the decay takes.
         let pool_nodes = self.locks.pool.len();
         let mut pool_len: BTreeMap<(u32, u64), usize> = BTreeMap::new();
@@ -889,7 +959,32 @@ impl Run {
             }
         }
         self.sync_prev();
-        let got = self.model.purge(full);
+        let p = self.model.purge_start(full, None);
+        self.sync_prev();
+        Inflight {
+            p,
+            at,
+            nonempty,
+            decayed,
+            follow_gap: None,
+        }
+    }
+
+    /// The second half of [`Run::purge_now`]: each node's batch goes to its pools or the free
+    /// tree, and the whole purge's sections are appended to `steps`.
+    fn purge_end(&mut self, f: Inflight, steps: &mut Vec<Step>, helpers: &mut Vec<Op>) -> u32 {
+        let c = self.costs;
+        let variant = self.model.params().variant;
+        let Inflight {
+            p,
+            at,
+            nonempty,
+            decayed,
+            ..
+        } = f;
+        let pool_nodes = self.locks.pool.len();
+        self.sync_prev();
+        let got = self.model.purge_finish(p);
         let after = self.model.locks();
         let lazy_nodes = self.locks.lazy.len();
         let mut purged = vec![0u64; lazy_nodes];
@@ -899,10 +994,7 @@ impl Run {
             }
         }
         let pooled: Vec<u64> = (0..pool_nodes)
-            .map(|n| {
-                let d = after.pool[n].saturating_sub(self.prev.pool[n]);
-                d.saturating_sub(2 * nonempty[n])
-            })
+            .map(|n| after.pool[n].saturating_sub(self.prev.pool[n]))
             .collect();
         steps.push(Step::Acquire(self.locks.purge));
         for n in 0..lazy_nodes.max(pool_nodes) {
@@ -1171,9 +1263,19 @@ mod tests {
         // failure path.
         let bytes = synth(4, 8, 0x47, 30);
         let mut failure_paths = 0;
-        for variant in Variant::ALL {
+        // With a purge span too: its sections are built at its end, after operations that ran
+        // in between, and must be neither lost nor charged to those.
+        let spans = [None, DrainLatency::from_samples(&[20_000, 200_000])];
+        for (variant, span) in Variant::ALL
+            .into_iter()
+            .flat_map(|v| spans.iter().map(move |s| (v, s)))
+        {
             let o = opts(variant);
-            let w = free_run(&bytes[..], &o, &FreeRunOptions::default()).expect("free run");
+            let fr = FreeRunOptions {
+                purge_span: span.clone(),
+                ..FreeRunOptions::default()
+            };
+            let w = free_run(&bytes[..], &o, &fr).expect("free run");
             // What seeding alone counted.
             let super::super::Opened {
                 snapshot, params, ..
@@ -1213,6 +1315,39 @@ mod tests {
             assert!(w.makespan_ns >= w.duration_ns, "waits only stretch");
         }
         assert!(failure_paths > 0, "no failure-path purge was simulated");
+    }
+
+    /// A purge keeps its batch until its span has passed, as the kernel's does from the
+    /// detach to `purge_vmap_node`: allocations meanwhile find neither the pools it will fill
+    /// nor the free space it will return, so they go higher, and the backlog stays until the
+    /// end. Without a span (every figure the same as the atomic purge) nothing is held.
+    #[test]
+    fn a_purge_span_holds_the_batch_back() {
+        let bytes = synth(4, 4, 1, 400);
+        let run = |span: Option<u64>| {
+            let fr = FreeRunOptions {
+                purge_span: span.and_then(|s| DrainLatency::from_samples(&[s])),
+                purge_latency_ns: 10_000,
+                ..FreeRunOptions::default()
+            };
+            free_run(&bytes[..], &opts(Variant::Nodes), &fr).unwrap()
+        };
+        let base = run(None);
+        let held = run(Some(500_000));
+        assert!(base.purges >= 5, "{} purges", base.purges);
+        assert!(
+            held.high_water_bytes > base.high_water_bytes,
+            "{} vs {}",
+            held.high_water_bytes,
+            base.high_water_bytes
+        );
+        assert!(
+            held.pool_hits < base.pool_hits,
+            "{} vs {}",
+            held.pool_hits,
+            base.pool_hits
+        );
+        assert_eq!((held.late_starts, held.unfinished_ops), (0, 0));
     }
 
     /// Appends one `contention` event per class and one `latency` event before the footer.

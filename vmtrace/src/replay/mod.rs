@@ -208,6 +208,10 @@ pub struct SeedInfo {
     /// Observed `nr_lazy` minus predicted at the first compared free: how far the seeded
     /// backlog was off (0 when the snapshot was exact).
     pub first_free_nr_lazy_offset: Option<i64>,
+    /// The recording emptied the pools before the snapshot (`record --drain-pools`): the
+    /// space it leaves out is free. Otherwise pool entries from before the trace, which no
+    /// snapshot lists, look free to the model.
+    pub pools_drained: bool,
 }
 
 /// Page-table pages added during the recording. The model predicts new 2 MiB / 1 GiB / 512 GiB
@@ -868,24 +872,41 @@ impl<'o> Replayer<'o> {
         Ok(())
     }
 
+    /// The node tag a snapshot area gets. `alloc_vmap_area` tags every allocation of the
+    /// VMALLOC window with its CPU's node when there is more than one, so a purge pools the
+    /// area; the snapshot does not say which CPU that was. The node its address maps to stands
+    /// in, as `free_vmap_area_noflush` picks for an untagged area.
+    fn seed_tag(&self, addr: u64) -> u32 {
+        let p = self.model.params();
+        if p.variant.has_pools() && p.layout.nr_nodes() > 1 {
+            p.layout.addr_to_node(addr) + 1
+        } else {
+            0
+        }
+    }
+
     fn seed(&mut self, snap: &crate::trace::VmallocSnapshot) {
         self.snapshot_start = snap.ts_start_ns;
         self.snapshot_end = snap.ts_end_ns;
+        self.seed.pools_drained = snap.pools_drained;
         let page = self.model.params().page_size;
         for a in &snap.areas {
             let (start, size) = (a.start.0, a.size);
             let res = match a.kind {
                 AreaKind::Busy => {
                     self.seed.busy += 1;
-                    self.model.seed_busy(start, size, 0, true)
+                    let tag = self.seed_tag(start);
+                    self.model.seed_busy(start, size, tag, true)
                 }
                 AreaKind::VmMapRam => {
                     self.seed.vm_map_ram += 1;
-                    self.model.seed_busy(start, size, 0, false)
+                    let tag = self.seed_tag(start);
+                    self.model.seed_busy(start, size, tag, false)
                 }
                 AreaKind::Unpurged => {
                     self.seed.unpurged += 1;
-                    self.model.seed_lazy(start, size, 0)
+                    let tag = self.seed_tag(start);
+                    self.model.seed_lazy(start, size, tag)
                 }
             };
             match res {

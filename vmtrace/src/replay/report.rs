@@ -30,6 +30,15 @@ pub fn render_text(r: &Report) -> String {
         s.busy, s.vm_map_ram, s.unpurged, s.lazy_pages, s.outside_range, s.rejected,
         s.events_before_snapshot, s.events_in_window_reflected
     );
+    let _ = writeln!(
+        o,
+        "pools at the start: {}",
+        if s.pools_drained {
+            "drained before the snapshot (record --drain-pools)"
+        } else {
+            "unknown: entries from before the trace look free (record with --drain-pools to empty them)"
+        }
+    );
     if let Some(off) = s.first_free_nr_lazy_offset {
         let _ = writeln!(
             o,

@@ -87,6 +87,8 @@ pub struct Scan {
     /// The last purge event: `(ts, npurged)`, to pair with the drain item that ran it.
     last_purge: Option<(u64, u32)>,
     purge_runs: Vec<(u32, u64)>,
+    /// From a drain item's start to its purge's event, per item that ran one.
+    purge_spans: Vec<u64>,
     latencies: Vec<u64>,
 }
 
@@ -175,6 +177,7 @@ impl Scan {
         if let Some((ts, npurged)) = self.last_purge.take() {
             if ts >= start && ts <= start.saturating_add(w.duration_ns) {
                 self.purge_runs.push((npurged, w.duration_ns));
+                self.purge_spans.push(ts - start);
             }
         }
     }
@@ -456,6 +459,12 @@ pub struct Calibration {
     /// drain would have held back past its drop cannot queue it again.
     #[serde(default)]
     pub drain_free_rate_ratio: Option<f64>,
+    /// From a drain item's start to its purge's trace event, which fires at the end of
+    /// `__purge_vmap_area_lazy`: the detach at its start takes the lazy areas off their lists,
+    /// and they reach the pools or the free tree only in `purge_vmap_node`, after the TLB
+    /// flush. Allocations in between find neither, and go higher in the free tree.
+    #[serde(default)]
+    pub purge_span: Option<DrainLatency>,
     /// Drain items queued again while they ran; `None` from traces without `work` records.
     #[serde(default)]
     pub follow_up: Option<FollowUp>,
@@ -667,6 +676,7 @@ pub fn calibrate(
     let mut runs = Vec::new();
     let mut latencies = Vec::new();
     let mut rearm = Vec::new();
+    let mut spans = Vec::new();
     let mut follow_counts = FollowUpCounts::default();
     let (mut follow_delays, mut follow_gaps) = (Vec::new(), Vec::new());
     let (mut in_drains, mut run_ns, mut frees, mut span) = (0u64, 0u64, 0u64, 0u64);
@@ -701,6 +711,7 @@ pub fn calibrate(
         follow_delays.extend_from_slice(&t.scan.follow_up_delays);
         follow_gaps.extend_from_slice(&t.scan.follow_up_gaps);
         runs.extend_from_slice(&t.scan.purge_runs);
+        spans.extend_from_slice(&t.scan.purge_spans);
         latencies.extend_from_slice(&t.scan.latencies);
     }
     let mut costs = base;
@@ -878,6 +889,7 @@ pub fn calibrate(
         tails,
         drain_latency,
         drop_delay: DrainLatency::from_samples(&rearm),
+        purge_span: DrainLatency::from_samples(&spans),
         follow_up: match (
             DrainLatency::from_samples(&follow_delays),
             DrainLatency::from_samples(&follow_gaps),

@@ -225,6 +225,7 @@ pub fn generate<W: Write>(
         ts_start_ns: T0_NS - 1000,
         ts_end_ns: T0_NS - 500,
         real_addresses: true,
+        pools_drained: false,
         areas: Vec::new(),
     })))?;
     g.run(&mut w)?;

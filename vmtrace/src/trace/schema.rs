@@ -140,6 +140,11 @@ pub struct VmallocSnapshot {
     pub ts_end_ns: u64,
     /// False when the kernel hashed the addresses (kptr_restrict could not be lowered).
     pub real_addresses: bool,
+    /// True when `record --drain-pools` emptied the vmap pools just before the read, so the
+    /// areas the snapshot leaves out are free; otherwise pooled areas, which no snapshot
+    /// shows, look free too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pools_drained: bool,
     pub areas: Vec<VmallocArea>,
 }
 

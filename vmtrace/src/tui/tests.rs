@@ -89,6 +89,7 @@ fn fixed_app() -> App {
         ts_start_ns: 0,
         ts_end_ns: 0,
         real_addresses: true,
+        pools_drained: false,
         areas: vec![
             VmallocArea {
                 start: KAddr(BASE + 0x100_0000),

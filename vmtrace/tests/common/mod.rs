@@ -13,10 +13,17 @@ use serde_json::Value;
 /// Records `vmtrace stress STRESS` (its output discarded) with the default probes into
 /// `trace`, and asserts the recording succeeded.
 pub fn record_stress(trace: &Path, stress: &str) {
+    record_stress_with(trace, &[], stress);
+}
+
+/// [`record_stress`] with more `vmtrace record` options.
+pub fn record_stress_with(trace: &Path, record: &[&str], stress: &str) {
     let vmtrace = env!("CARGO_BIN_EXE_vmtrace");
     let script = format!("{vmtrace} stress {stress} >/dev/null");
     let status = std::process::Command::new(vmtrace)
-        .args(["record", "-q", "-o"])
+        .args(["record", "-q"])
+        .args(record)
+        .arg("-o")
         .arg(trace)
         .args(["--", "sh", "-c", &script])
         .status()

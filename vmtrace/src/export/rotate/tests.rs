@@ -98,6 +98,7 @@ fn seed() -> VmallocSnapshot {
         ts_start_ns: 1_000,
         ts_end_ns: 1_100,
         real_addresses: true,
+        pools_drained: false,
         areas: vec![
             area(BASE, 5 * PAGE, AreaKind::Busy),
             area(BASE + 8 * PAGE, 2 * PAGE, AreaKind::Unpurged),
@@ -220,7 +221,7 @@ proptest::proptest! {
     /// list holds exactly the busy and the lazily freed slots.
     #[test]
     fn live_areas_match_a_slot_oracle(ops in proptest::collection::vec((0u8..3, 0u64..16), 0..200)) {
-        let empty = VmallocSnapshot { ts_start_ns: 0, ts_end_ns: 0, real_addresses: true, areas: vec![] };
+        let empty = VmallocSnapshot { ts_start_ns: 0, ts_end_ns: 0, real_addresses: true, pools_drained: false, areas: vec![] };
         let mut live = LiveAreas::new(&empty);
         // None: free; Some(false): busy; Some(true): lazy.
         let mut slots = [None::<bool>; 16];
