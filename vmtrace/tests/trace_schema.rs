@@ -678,6 +678,7 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/probe.logical",
             "#/$defs/probe.note",
             "#/$defs/probe.refused",
+            "#/$defs/vmallocinfo.pools_drained",
             "#/$defs/work.flush_ns",
             "#/$defs/work.nr_purged",
         ]
