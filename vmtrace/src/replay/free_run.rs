@@ -191,6 +191,9 @@ pub struct TraceFigures {
     pub high_water_bytes: u64,
     /// Time-averaged `nr_lazy` that the frees reported, each held until the next free.
     pub nr_lazy_mean: f64,
+    /// The snapshot was taken with the pools emptied (`record --drain-pools`); otherwise the
+    /// model starts with their space free, and the footprint figures may come out low.
+    pub pools_drained: bool,
 }
 
 /// Replays `input` free-running with `opts.variant`.
@@ -211,6 +214,7 @@ pub fn free_run<R: BufRead>(
     // Seed exactly as observed-timing replay does.
     let mut seeder = Replayer::new(Model::new(params)?, opts);
     seeder.seed(&snapshot);
+    let seeded_drained = snapshot.pools_drained;
     let latency = if opts.variant == Variant::NodesCapped {
         fr.highpri_latency_ns
     } else {
@@ -252,6 +256,7 @@ pub fn free_run<R: BufRead>(
         drain_latencies: Vec::new(),
         follow_up: fr.follow_up.clone(),
         purge_span: fr.purge_span.clone(),
+        seeded_drained,
         inflight: None,
         last_purge_end: 0,
         last_free_at: BTreeMap::new(),
@@ -508,6 +513,8 @@ struct Run {
     drain_latencies: Vec<u64>,
     follow_up: Option<FollowUp>,
     purge_span: Option<DrainLatency>,
+    /// The snapshot said the pools were emptied before it.
+    seeded_drained: bool,
     /// The drain work's purge between its detach and its end, and when it ends.
     inflight: Option<(Inflight, u64)>,
     /// When the last purge ended: `vmap_purge_lock` holds the next one back until then.
@@ -1162,6 +1169,7 @@ impl Run {
                 },
                 high_water_bytes: self.view.high_water,
                 nr_lazy_mean: observed_lazy,
+                pools_drained: self.seeded_drained,
             },
             validation: Vec::new(),
         }

@@ -192,6 +192,12 @@ pub fn render(w: &WhatIf) -> String {
     }
     let held = w.validation.iter().filter(|e| e.within).count();
     let _ = writeln!(s, "  {held} of {} within target", w.validation.len());
+    if !w.trace.pools_drained {
+        let _ = writeln!(
+            s,
+            "  the pools were not emptied before the snapshot (record with --drain-pools): their entries looked free to the model, so high_water_bytes and pte_tables may come out low"
+        );
+    }
     s
 }
 
