@@ -101,6 +101,9 @@ fn a_calibration_from_one_workload_predicts_another() {
         "vmtrace calibrate failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // What the fit measured (drain latency, purge span, stalls taken out), so that a miss
+    // below can be read against its inputs.
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
     let c: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
     let measured: Vec<&str> = c["provenance"]

@@ -14,7 +14,7 @@ use super::free_run::{fit_costs, free_run, FreeRunOptions};
 use super::infer::InferenceParams;
 use super::{render_comparison, render_fit, render_text, replay, ReplayOptions};
 use crate::model::Variant;
-use crate::sim::calibration::{self, Calibration, Machine, Scan, TraceTiming};
+use crate::sim::calibration::{self, Calibration, Machine, Scan, TraceTiming, STALL_NS};
 use crate::trace::TraceReader;
 use crate::value_parsers::parse_duration;
 
@@ -522,6 +522,15 @@ fn render_calibration(c: &Calibration) -> String {
             );
         }
     }
+    let st = c.stalls;
+    let _ = writeln!(
+        s,
+        "  machine stalls (no allocation or free on any CPU for {} ms or more): {}; {} ns taken out of {} of the intervals above",
+        STALL_NS / 1_000_000,
+        st.stalls,
+        st.ns,
+        st.intervals
+    );
     if let Some(d) = &c.drop_delay {
         let _ = writeln!(
             s,

@@ -49,6 +49,19 @@ fn rearm_delay(start: u64, last_high: u64, first_low: u64) -> u64 {
 /// whose follow-up share varied least between workloads and thread counts.
 pub const FOLLOW_UP_WINDOW_NS: u64 = 1_000_000;
 
+/// No allocation or free on any CPU for this long is a time the workload did not run: the
+/// machine stalled (its vCPUs descheduled by the host, a TLB-flush IPI waited out) or the
+/// workload was idle. Free-running replay holds a purge's batch back for a sampled span while
+/// the replayed workload keeps its recorded times, so what the span must carry is the
+/// workload's time that passed, not the wall clock: a 20 ms stall sampled into a purge at
+/// another time lets the backlog and the VA high-water grow where the kernel's stood still.
+/// Such silences are therefore taken out of drain latencies, purge spans and runs, and
+/// follow-up delays. Under a running stress workload events come microseconds apart; silences
+/// of 0.1–1 ms inside the worker's intervals are common and can be real (the purge holding
+/// `free_vmap_area_lock`), so they are kept: 1 ms is above most of them and far below the
+/// stalls that wrecked a held-out high-water. `vmtrace calibrate` prints what it took out.
+pub const STALL_NS: u64 = 1_000_000;
+
 /// At most this many points of the drain-latency distribution are kept: enough to sample its
 /// shape, little enough to read in a calibration file.
 const DRAIN_QUANTILES: usize = 201;
@@ -90,6 +103,31 @@ pub struct Scan {
     /// From a drain item's start to its purge's event, per item that ran one.
     purge_spans: Vec<u64>,
     latencies: Vec<u64>,
+    /// Silences of [`STALL_NS`] or more between consecutive allocations and frees, in order.
+    stalls: Vec<(u64, u64)>,
+    stalls_cut: StallsCut,
+    /// The time of the record being read.
+    now: u64,
+}
+
+/// Machine stalls the calibration took out of the worker's intervals (drain latencies, purge
+/// spans and runs, follow-up delays).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StallsCut {
+    /// Silences of [`STALL_NS`] or more in the traces.
+    pub stalls: u64,
+    /// Intervals that held part of one.
+    pub intervals: u64,
+    /// Time taken out of them.
+    pub ns: u64,
+}
+
+impl StallsCut {
+    fn merge(&mut self, o: StallsCut) {
+        self.stalls += o.stalls;
+        self.intervals += o.intervals;
+        self.ns += o.ns;
+    }
 }
 
 impl Scan {
@@ -104,7 +142,12 @@ impl Scan {
             Record::Latency(l) => &l.ctx,
             _ => return,
         };
+        self.now = self.now.max(ctx.ts_ns);
         if matches!(rec, Record::Alloc(_) | Record::Free(_)) {
+            if self.first_ts.is_some() && ctx.ts_ns >= self.last_ts.saturating_add(STALL_NS) {
+                self.stalls.push((self.last_ts, ctx.ts_ns));
+                self.stalls_cut.stalls += 1;
+            }
             self.first_ts.get_or_insert(ctx.ts_ns);
             self.last_ts = self.last_ts.max(ctx.ts_ns);
             *self.events_per_cpu.entry(ctx.cpu).or_default() += 1;
@@ -140,7 +183,8 @@ impl Scan {
         }
         let trigger = self.over_threshold.front().copied().filter(|&t| t <= start);
         if let Some(t) = trigger {
-            self.drain_latencies.push(start - t);
+            let latency = self.active(t, start);
+            self.drain_latencies.push(latency);
         }
         let end = start.saturating_add(w.duration_ns);
         // The previous item was followed up when this one was queued while it still ran: the
@@ -149,8 +193,10 @@ impl Scan {
             let followed = trigger.is_some_and(|t| t < p_end);
             self.follow_ups.add(p_active, followed);
             if followed {
-                self.follow_up_delays.push(start.saturating_sub(p_start));
-                self.follow_up_gaps.push(start.saturating_sub(p_end));
+                let delay = self.active(p_start, start);
+                let gap = self.active(p_end.min(start), start);
+                self.follow_up_delays.push(delay);
+                self.follow_up_gaps.push(gap);
             }
         }
         let window_start = start.saturating_sub(FOLLOW_UP_WINDOW_NS);
@@ -175,11 +221,34 @@ impl Scan {
             .count() as u64;
         self.drain_run_ns += w.duration_ns;
         if let Some((ts, npurged)) = self.last_purge.take() {
-            if ts >= start && ts <= start.saturating_add(w.duration_ns) {
-                self.purge_runs.push((npurged, w.duration_ns));
-                self.purge_spans.push(ts - start);
+            if ts >= start && ts <= end {
+                let run = self.active(start, end);
+                let span = self.active(start, ts);
+                self.purge_runs.push((npurged, run));
+                self.purge_spans.push(span);
             }
         }
+    }
+
+    /// `to - from` less the stalls inside it.
+    fn active(&mut self, from: u64, to: u64) -> u64 {
+        let first = self.stalls.partition_point(|&(_, end)| end <= from);
+        // The silence since the last allocation or free, which lasts at least until the
+        // record being read: a `work` record comes at the item's end, and a stall under the
+        // worker can end after it.
+        let open =
+            (self.now >= self.last_ts.saturating_add(STALL_NS)).then_some((self.last_ts, self.now));
+        let stalled: u64 = self.stalls[first..]
+            .iter()
+            .chain(open.iter())
+            .take_while(|&&(begin, _)| begin < to)
+            .map(|&(begin, end)| end.min(to).saturating_sub(begin.max(from)))
+            .sum();
+        if stalled > 0 {
+            self.stalls_cut.intervals += 1;
+            self.stalls_cut.ns += stalled;
+        }
+        to.saturating_sub(from).saturating_sub(stalled)
     }
 
     /// A free, for the drop after each drain. Frees older than [`RECENT_FREES_NS`] cannot
@@ -465,6 +534,9 @@ pub struct Calibration {
     /// flush. Allocations in between find neither, and go higher in the free tree.
     #[serde(default)]
     pub purge_span: Option<DrainLatency>,
+    /// Machine stalls taken out of the measured intervals above.
+    #[serde(default)]
+    pub stalls: StallsCut,
     /// Drain items queued again while they ran; `None` from traces without `work` records.
     #[serde(default)]
     pub follow_up: Option<FollowUp>,
@@ -678,6 +750,7 @@ pub fn calibrate(
     let mut rearm = Vec::new();
     let mut spans = Vec::new();
     let mut follow_counts = FollowUpCounts::default();
+    let mut stalls = StallsCut::default();
     let (mut follow_delays, mut follow_gaps) = (Vec::new(), Vec::new());
     let (mut in_drains, mut run_ns, mut frees, mut span) = (0u64, 0u64, 0u64, 0u64);
     for t in traces {
@@ -708,6 +781,7 @@ pub fn calibrate(
         drain.extend_from_slice(&t.scan.drain_latencies);
         rearm.extend_from_slice(&t.scan.rearm_delays);
         follow_counts.merge(t.scan.follow_ups);
+        stalls.merge(t.scan.stalls_cut);
         follow_delays.extend_from_slice(&t.scan.follow_up_delays);
         follow_gaps.extend_from_slice(&t.scan.follow_up_gaps);
         runs.extend_from_slice(&t.scan.purge_runs);
@@ -890,6 +964,7 @@ pub fn calibrate(
         drain_latency,
         drop_delay: DrainLatency::from_samples(&rearm),
         purge_span: DrainLatency::from_samples(&spans),
+        stalls,
         follow_up: match (
             DrainLatency::from_samples(&follow_delays),
             DrainLatency::from_samples(&follow_gaps),
@@ -1023,6 +1098,68 @@ mod tests {
         assert_eq!(d.sample(0.0), 1_000);
         assert_eq!(d.sample(0.5), 2_500);
         assert_eq!(d.sample(0.999_999), 4_000);
+    }
+
+    /// Frees every 100 µs on two CPUs, a drain item queued at 1 ms that starts at 6 ms and
+    /// purges at 9.5 ms, with the silences in `gaps` (no allocation or free): the drain
+    /// latency and the purge span the scan measures.
+    fn latency_and_span_with_silences(gaps: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, StallsCut) {
+        let us = 1_000;
+        let mut recs: Vec<Record> = (0..110u64)
+            .map(|i| i * 100 * us)
+            .filter(|t| !gaps.iter().any(|&(a, b)| *t > a && *t < b))
+            .map(|t| {
+                let nr_lazy = match t {
+                    t if t < 1_000 * us => 50,
+                    t if t < 9_500 * us => 120,
+                    _ => 10,
+                };
+                free_on(t, (t / (100 * us) % 2) as u32, nr_lazy)
+            })
+            .collect();
+        recs.push(Record::Purge(crate::trace::Purge {
+            ctx: ctx(9_500 * us, 0),
+            start: KAddr(0x1000),
+            end: KAddr(0x9000),
+            npurged: 40,
+        }));
+        recs.push(work(10_000 * us, 6_000 * us));
+        recs.sort_by_key(|r| match r {
+            Record::Free(f) => f.ctx.ts_ns,
+            Record::Purge(p) => p.ctx.ts_ns,
+            Record::Work(w) => w.ctx.ts_ns,
+            _ => unreachable!(),
+        });
+        let mut s = Scan::default();
+        for r in &recs {
+            s.record(r);
+        }
+        (s.drain_latencies, s.purge_spans, s.stalls_cut)
+    }
+
+    /// A silence of the whole machine inside a drain latency or a purge span is taken out of
+    /// it; the same intervals with the workload running through them are kept whole, and so is
+    /// a silence shorter than [`STALL_NS`].
+    #[test]
+    fn a_machine_stall_is_taken_out_of_the_workers_intervals() {
+        let ms = 1_000_000;
+        let (lat, span, cut) = latency_and_span_with_silences(&[]);
+        assert_eq!((lat, span), (vec![5 * ms], vec![3 * ms + ms / 2]));
+        assert_eq!(cut, StallsCut::default());
+
+        // 3 ms silent inside the latency, 2.5 ms inside the purge span.
+        let (lat, span, cut) =
+            latency_and_span_with_silences(&[(2 * ms, 5 * ms), (6 * ms + ms / 2, 9 * ms)]);
+        assert_eq!((lat, span), (vec![2 * ms], vec![ms]));
+        assert_eq!(cut.stalls, 2);
+        // The latency, the span, and the item's run (which holds the second stall too).
+        assert_eq!(cut.intervals, 3);
+        assert_eq!(cut.ns, 3 * ms + 2 * (2 * ms + ms / 2));
+
+        // 0.9 ms without an event is a gap of the workload, not a stall.
+        let (lat, _, cut) = latency_and_span_with_silences(&[(2 * ms, 2 * ms + 850_000)]);
+        assert_eq!(lat, vec![5 * ms]);
+        assert_eq!(cut.stalls, 0);
     }
 
     #[test]
