@@ -598,7 +598,8 @@ impl TraceView {
             let dt = ts.saturating_sub(t0);
             self.observed_lazy_area += o as f64 * dt as f64;
             self.predicted_lazy_area += p as f64 * dt as f64;
-            self.lazy_span_ns += dt;
+            // Saturating: a corrupt timestamp near u64::MAX must not panic the replay.
+            self.lazy_span_ns = self.lazy_span_ns.saturating_add(dt);
         }
         self.last_free = Some((ts, observed, predicted));
     }
