@@ -60,6 +60,13 @@ pub struct FidelityArgs {
     #[arg(long)]
     pub no_free_running: bool,
 
+    /// Run each free-running validation with seeds 1 to N. The sampled drain latencies,
+    /// follow-ups and long lock holds make one seed's within-target count vary by several
+    /// figures between seeds, so a change is judged on the spread over N (the table shows
+    /// seed 1).
+    #[arg(long, default_value_t = 5, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub seeds: u32,
+
     /// Use this vmtrace binary instead of building one (release) from the workspace.
     #[arg(long, value_name = "PATH")]
     pub vmtrace: Option<PathBuf>,
@@ -271,7 +278,7 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         rows.push(row);
     }
 
-    let mut validation = BTreeMap::new();
+    let mut seeded: BTreeMap<String, Vec<Vec<Check>>> = BTreeMap::new();
     let mut calibration_file = None;
     if !args.no_free_running {
         let train: Vec<PathBuf> = manifest
@@ -294,34 +301,51 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         )?;
         for r in &manifest.recordings {
             banner(&format!(
-                "[{}] {}: free-running validation",
+                "[{}] {}: free-running validation, seeds 1 to {}",
                 r.split.name(),
-                r.name
+                r.name,
+                args.seeds
             ));
             let trace = corpus.join(&r.file);
-            let text = cmd::stdout_of(
-                Command::new(&vmtrace)
-                    .arg("replay")
-                    .arg(&trace)
-                    .args(["--free-running", "--json", "--costs"])
-                    .arg(&cal),
-            )?;
-            fs::write(out.join(format!("{}.free-running.json", r.name)), &text)?;
-            let doc: Value = serde_json::from_str(&text).with_context(|| {
-                format!(
-                    "vmtrace replay {} --free-running printed no JSON",
-                    trace.display()
-                )
-            })?;
-            let checks = parse_validation(&doc)
-                .with_context(|| format!("{}: no validation in the what-if", r.name))?;
-            let within = checks.iter().filter(|c| c.within).count();
-            println!("  {within} of {} figures within target", checks.len());
-            validation.insert(r.name.clone(), checks);
+            let mut per_seed = Vec::new();
+            for seed in 1..=args.seeds {
+                let text = cmd::stdout_of(
+                    Command::new(&vmtrace)
+                        .arg("replay")
+                        .arg(&trace)
+                        .args(["--free-running", "--json", "--seed", &seed.to_string()])
+                        .arg("--costs")
+                        .arg(&cal),
+                )?;
+                let file = match seed {
+                    1 => format!("{}.free-running.json", r.name),
+                    _ => format!("{}.free-running.seed{seed}.json", r.name),
+                };
+                fs::write(out.join(file), &text)?;
+                let doc: Value = serde_json::from_str(&text).with_context(|| {
+                    format!(
+                        "vmtrace replay {} --free-running --seed {seed} printed no JSON",
+                        trace.display()
+                    )
+                })?;
+                let checks = parse_validation(&doc)
+                    .with_context(|| format!("{}: no validation in the what-if", r.name))?;
+                let within = checks.iter().filter(|c| c.within).count();
+                println!(
+                    "  seed {seed}: {within} of {} figures within target",
+                    checks.len()
+                );
+                per_seed.push(checks);
+            }
+            seeded.insert(r.name.clone(), per_seed);
         }
         calibration_file = Some(cal);
     }
 
+    let validation: BTreeMap<String, Vec<Check>> = seeded
+        .iter()
+        .filter_map(|(name, runs)| Some((name.clone(), runs.first()?.clone())))
+        .collect();
     let result = Fidelity {
         commit: git_commit(),
         corpus: manifest.clone(),
@@ -330,6 +354,7 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         recordings: rows,
         within_target: within_counts(&manifest, &validation),
         validation,
+        seeds: (!seeded.is_empty()).then(|| spread(&manifest, &seeded)),
     };
     let json = serde_json::to_string_pretty(&result)? + "\n";
     let json_path = out.join("fidelity.json");
@@ -711,6 +736,96 @@ struct Fidelity {
     pooled: Vec<Pooled>,
     validation: BTreeMap<String, Vec<Check>>,
     within_target: Vec<WithinTarget>,
+    /// The validation over several seeds; absent in runs from before `--seeds`.
+    #[serde(default)]
+    seeds: Option<SeedSpread>,
+}
+
+/// The free-running validation over seeds 1 to `seeds`, per split.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SeedSpread {
+    pub seeds: u32,
+    pub splits: Vec<SplitSpread>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SplitSpread {
+    pub split: Option<Split>,
+    /// Figures within target, per seed in order, out of `checked`.
+    pub within: Vec<usize>,
+    pub checked: usize,
+    /// Per metric, the mean error over the split's recordings and the seeds: |ln(ratio)|,
+    /// or for `pool_hit_share` the distance in points. A ratio that cannot be formed (nothing
+    /// observed) is left out.
+    pub error: BTreeMap<String, MetricError>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetricError {
+    pub mean: f64,
+    pub n: usize,
+}
+
+impl SplitSpread {
+    fn mean_within(&self) -> f64 {
+        self.within.iter().sum::<usize>() as f64 / self.within.len().max(1) as f64
+    }
+}
+
+/// How far one prediction is from the observation, on the scale its target uses.
+fn error_of(c: &Check) -> Option<f64> {
+    if c.metric == "pool_hit_share" {
+        return Some(100.0 * (c.predicted - c.observed).abs());
+    }
+    c.ratio.filter(|r| *r > 0.0).map(|r| r.ln().abs())
+}
+
+fn spread(manifest: &Manifest, seeded: &BTreeMap<String, Vec<Vec<Check>>>) -> SeedSpread {
+    let seeds = seeded.values().map(Vec::len).max().unwrap_or(0);
+    let splits = [Split::Train, Split::Test]
+        .into_iter()
+        .map(|split| {
+            let mut w = SplitSpread {
+                split: Some(split),
+                within: vec![0; seeds],
+                ..SplitSpread::default()
+            };
+            let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+            for r in manifest.recordings.iter().filter(|r| r.split == split) {
+                let Some(runs) = seeded.get(&r.name) else {
+                    continue;
+                };
+                w.checked += runs.first().map_or(0, Vec::len);
+                for (i, checks) in runs.iter().enumerate() {
+                    w.within[i] += checks.iter().filter(|c| c.within).count();
+                    for c in checks {
+                        if let Some(e) = error_of(c) {
+                            let sum = sums.entry(c.metric.clone()).or_default();
+                            sum.0 += e;
+                            sum.1 += 1;
+                        }
+                    }
+                }
+            }
+            w.error = sums
+                .into_iter()
+                .map(|(m, (sum, n))| {
+                    (
+                        m,
+                        MetricError {
+                            mean: sum / n as f64,
+                            n,
+                        },
+                    )
+                })
+                .collect();
+            w
+        })
+        .collect();
+    SeedSpread {
+        seeds: seeds as u32,
+        splits,
+    }
 }
 
 fn pct(a: &Agreement) -> String {
@@ -813,11 +928,58 @@ fn render(f: &Fidelity) -> String {
         for w in &f.within_target {
             let _ = writeln!(
                 s,
-                "within target on {}: {} of {}",
+                "within target on {}: {} of {} (seed 1)",
                 w.split.map_or("all", Split::name),
                 w.within,
                 w.checked
             );
+        }
+    }
+    if let Some(sp) = &f.seeds {
+        let _ = writeln!(
+            s,
+            "\nover seeds 1 to {}: within target per seed, and each metric's mean error \
+             (|ln ratio|; pool_hit_share in points)",
+            sp.seeds
+        );
+        for w in &sp.splits {
+            let (lo, hi) = (
+                w.within.iter().min().copied().unwrap_or(0),
+                w.within.iter().max().copied().unwrap_or(0),
+            );
+            let _ = writeln!(
+                s,
+                "{:<6} within {lo}-{hi} of {}, mean {:.1}",
+                w.split.map_or("all", Split::name),
+                w.checked,
+                w.mean_within()
+            );
+        }
+        let metrics: Vec<&String> =
+            sp.splits
+                .iter()
+                .flat_map(|w| w.error.keys())
+                .fold(Vec::new(), |mut v, m| {
+                    if !v.contains(&m) {
+                        v.push(m);
+                    }
+                    v
+                });
+        let _ = write!(s, "{:<26}", "mean error");
+        for w in &sp.splits {
+            let _ = write!(s, " {:>8}", w.split.map_or("all", Split::name));
+        }
+        let _ = writeln!(s);
+        for m in metrics {
+            let _ = write!(s, "{m:<26}");
+            for w in &sp.splits {
+                let cell = w
+                    .error
+                    .get(m)
+                    .map_or_else(|| "-".into(), |e| format!("{:.3}", e.mean));
+                let _ = write!(s, " {cell:>8}");
+            }
+            let _ = writeln!(s);
         }
     }
     s
@@ -879,7 +1041,7 @@ fn render_against(earlier: &Fidelity, now: &Fidelity) -> String {
         if let (Some(a), Some(b)) = (w(earlier), w(now)) {
             let _ = writeln!(
                 s,
-                "{:<6} {:<24} {} of {} -> {} of {}",
+                "{:<6} {:<24} {} of {} -> {} of {} (seed 1)",
                 split.name(),
                 "free-running in target",
                 a.within,
@@ -887,6 +1049,41 @@ fn render_against(earlier: &Fidelity, now: &Fidelity) -> String {
                 b.within,
                 b.checked
             );
+        }
+        let sp = |f: &Fidelity| {
+            f.seeds
+                .as_ref()
+                .and_then(|sp| sp.splits.iter().find(|w| w.split == Some(split)).cloned())
+        };
+        if let (Some(a), Some(b)) = (sp(earlier), sp(now)) {
+            let _ = writeln!(
+                s,
+                "{:<6} {:<24} mean {:.1} of {} over {} seeds -> {:.1} of {} over {}",
+                split.name(),
+                "free-running in target",
+                a.mean_within(),
+                a.checked,
+                a.within.len(),
+                b.mean_within(),
+                b.checked,
+                b.within.len()
+            );
+            for (m, eb) in &b.error {
+                let Some(ea) = a.error.get(m) else {
+                    continue;
+                };
+                // Worse by more than a tenth of the earlier error (and by more than rounding).
+                let worse = eb.mean > ea.mean * 1.1 && eb.mean - ea.mean > 0.0005;
+                let _ = writeln!(
+                    s,
+                    "{:<6}   mean error {:<28} {:.3} -> {:.3}{}",
+                    split.name(),
+                    m,
+                    ea.mean,
+                    eb.mean,
+                    if worse { "  WORSE" } else { "" }
+                );
+            }
         }
     }
     s
@@ -1030,6 +1227,143 @@ mod tests {
         assert_eq!(checks[1].ratio, None);
     }
 
+    fn check(metric: &str, observed: f64, predicted: f64, within: bool) -> Check {
+        Check {
+            metric: metric.into(),
+            observed,
+            predicted,
+            ratio: (observed > 0.0).then(|| predicted / observed),
+            within,
+        }
+    }
+
+    fn manifest_of(recordings: &[(&str, Split)]) -> Manifest {
+        Manifest {
+            format: MANIFEST_FORMAT,
+            commit: "c".into(),
+            kernel: "k".into(),
+            cpus: 2,
+            duration: "1s".into(),
+            recordings: recordings
+                .iter()
+                .map(|&(name, split)| Recorded {
+                    name: name.into(),
+                    split,
+                    file: format!("{name}.jsonl"),
+                    command: vec![],
+                    bytes: 0,
+                    sha256: String::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Two test recordings over two seeds: the within counts are per seed, summed over the
+    /// split; the errors are means over every recording and seed, on each target's own scale.
+    #[test]
+    fn the_spread_over_seeds_counts_per_seed_and_averages_errors() {
+        let manifest = manifest_of(&[("a", Split::Test), ("b", Split::Test), ("t", Split::Train)]);
+        let e = std::f64::consts::E;
+        let seeded: BTreeMap<String, Vec<Vec<Check>>> = [
+            (
+                "a",
+                vec![
+                    vec![
+                        check("purges", 100.0, 100.0, true),
+                        check("pool_hit_share", 0.9, 0.92, true),
+                    ],
+                    vec![
+                        check("purges", 100.0, 100.0 * e, false),
+                        check("pool_hit_share", 0.9, 0.86, false),
+                    ],
+                ],
+            ),
+            (
+                "b",
+                vec![
+                    vec![
+                        check("purges", 10.0, 10.0 / e, false),
+                        check("waits:x", 0.0, 3.0, false),
+                    ],
+                    vec![
+                        check("purges", 10.0, 10.0, true),
+                        check("waits:x", 0.0, 0.0, true),
+                    ],
+                ],
+            ),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+        let sp = spread(&manifest, &seeded);
+        assert_eq!(sp.seeds, 2);
+        let test = sp
+            .splits
+            .iter()
+            .find(|w| w.split == Some(Split::Test))
+            .unwrap();
+        assert_eq!(test.within, vec![2, 2]);
+        assert_eq!(test.checked, 4);
+        let purges = test.error["purges"];
+        assert_eq!(purges.n, 4);
+        assert!((purges.mean - 0.5).abs() < 1e-12, "{purges:?}");
+        let pool = test.error["pool_hit_share"];
+        assert!((pool.mean - 3.0).abs() < 1e-9, "{pool:?}");
+        assert!(
+            !test.error.contains_key("waits:x"),
+            "no ratio without an observation"
+        );
+        let train = sp
+            .splits
+            .iter()
+            .find(|w| w.split == Some(Split::Train))
+            .unwrap();
+        assert_eq!((train.checked, train.within.clone()), (0, vec![0, 0]));
+    }
+
+    /// `--against` flags a metric whose mean error over the seeds grew, and no other.
+    #[test]
+    fn against_flags_a_metric_that_got_worse_over_the_seeds() {
+        let manifest = manifest_of(&[("a", Split::Test)]);
+        let make = |commit: &str, purges: f64, lazy: f64| {
+            let seeded: BTreeMap<String, Vec<Vec<Check>>> = [(
+                "a".to_string(),
+                vec![vec![
+                    check("purges", 100.0, purges, true),
+                    check("nr_lazy_mean", 100.0, lazy, true),
+                ]],
+            )]
+            .into_iter()
+            .collect();
+            let rows = vec![row("a", Split::Test, 90, 99)];
+            Fidelity {
+                commit: commit.into(),
+                corpus: manifest.clone(),
+                calibration: None,
+                pooled: pool(&rows),
+                recordings: rows,
+                validation: BTreeMap::new(),
+                within_target: vec![],
+                seeds: Some(spread(&manifest, &seeded)),
+            }
+        };
+        let text = render_against(&make("old", 105.0, 101.0), &make("new", 120.0, 101.0));
+        let line = |m: &str| {
+            text.lines()
+                .find(|l| l.contains(&format!("mean error {m} ")))
+                .unwrap_or_else(|| panic!("no {m} in {text}"))
+                .to_string()
+        };
+        assert!(line("purges").ends_with("WORSE"), "{text}");
+        assert!(!line("nr_lazy_mean").ends_with("WORSE"), "{text}");
+        assert!(
+            text.contains("mean 2.0 of 2 over 1 seeds -> 2.0 of 2 over 1"),
+            "{text}"
+        );
+        let rendered = render(&make("new", 120.0, 101.0));
+        assert!(rendered.contains("over seeds 1 to 1"), "{rendered}");
+    }
+
     #[test]
     fn against_reports_the_change_in_points_per_split() {
         let manifest = Manifest {
@@ -1050,6 +1384,7 @@ mod tests {
                 recordings: rows,
                 validation: BTreeMap::new(),
                 within_target: vec![],
+                seeds: None,
             }
         };
         let text = render_against(&make("old", 90), &make("new", 95));

@@ -227,6 +227,8 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
                 json: false,
                 against: None,
                 no_free_running: false,
+                // Two seeds run the multi-seed path; its figures are not judged here either.
+                seeds: 2,
                 vmtrace: Some(crate::run::build_release()?),
                 out: Some(out),
             })
