@@ -61,6 +61,10 @@ pub mod contention {
     pub const RET: usize = 5;
     /// Index into the filter's range table of the first frame that matched.
     pub const MATCHED: usize = 6;
+    /// The begin program's own time before it stamped [`BEGIN_NS`]: from just after the lock
+    /// verdict to the stamp, the vmap-frame walk and the stack-id store. The wait began that
+    /// much before `BEGIN_NS`.
+    pub const PROBE_NS: usize = 7;
     /// `LCB_F_*` bits of `include/trace/events/lock.h`.
     pub const F_SPIN: u64 = 1 << 0;
     pub const F_MUTEX: u64 = 1 << 5;

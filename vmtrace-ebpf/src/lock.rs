@@ -64,6 +64,9 @@ const LOCK_FILTER_FRAMES_RAW: usize = LOCK_FILTER_FRAMES + RAW_EXTRA_FRAMES;
 #[derive(Clone, Copy)]
 pub struct Pending {
     begin_ns: u64,
+    /// From this wait's first clock read in `contention_begin` to `begin_ns`: the program's
+    /// stack walk, which the waiter spends before `begin_ns` as part of its wait.
+    probe_ns: u64,
     lock: u64,
     flags: u64,
     stack_id: i64,
@@ -178,6 +181,9 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
         bump(counter::CONTENTION_NESTED);
         return;
     }
+    // Before the walk, which takes longer than most waits: user space gets the waiter's time
+    // here as `probe_ns`, so a wait whose lock was released during the walk still shows it.
+    let entry_ns = now_ns();
     let (hit, own) =
         stack_hits2::<C, DEPTH>(ctx, global_ptr(&LOCK_RANGES), global_ptr(&SELF_RANGES));
     let Some(matched) = hit.filter(|_| !own) else {
@@ -193,8 +199,10 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
             e as i64
         }
     };
+    let begin_ns = now_ns();
     let pending = Pending {
-        begin_ns: now_ns(),
+        begin_ns,
+        probe_ns: begin_ns.saturating_sub(entry_ns),
         lock,
         flags,
         stack_id,
@@ -245,6 +253,7 @@ fn end_wait<C: EbpfContext>(ctx: &C, lock: u64, ret: u64) -> Result<(), i32> {
     v[c::BEGIN_NS] = p.begin_ns;
     v[c::RET] = ret;
     v[c::MATCHED] = p.matched;
+    v[c::PROBE_NS] = p.probe_ns;
     emit_values(ctx, kind::CONTENTION, &v)
 }
 

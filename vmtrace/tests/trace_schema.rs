@@ -381,6 +381,7 @@ fn sample_records() -> Vec<Record> {
                 "_raw_spin_lock+0x3b".into(),
                 "find_unlink_vmap_area+0x55".into(),
             ],
+            probe_ns: Some(812),
         })),
         Record::Contention(Box::new(Contention {
             ctx: ctx(1_000_000_610),
@@ -392,6 +393,7 @@ fn sample_records() -> Vec<Record> {
             node: None,
             stack_id: -17,
             stack: vec![],
+            probe_ns: None,
         })),
         Record::Work(Work {
             ctx: Ctx {
@@ -669,6 +671,7 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/area.flags",
             "#/$defs/area.pages",
             "#/$defs/area.phys",
+            "#/$defs/contention.probe_ns",
             "#/$defs/footer.command_exit_code",
             "#/$defs/footer.kernel_run_stats",
             "#/$defs/footer.ladder",
@@ -853,6 +856,7 @@ fn missing_required_members_are_refused() {
                 "kernel_run_stats",
                 "ladder",
                 "flush_ns",
+                "probe_ns",
             ]
             .contains(&key.as_str())
             {

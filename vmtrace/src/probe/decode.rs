@@ -74,6 +74,7 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
             node: None,
             stack_id: f[c::STACK_ID] as i64,
             stack: Vec::new(),
+            probe_ns: Some(f[c::PROBE_NS]),
         })),
         kind::WORK => Record::Work(Work {
             ctx,
@@ -164,10 +165,12 @@ mod tests {
         ev.fields[c::FLAGS] = 1;
         ev.fields[c::WAIT_NS] = 1234;
         ev.fields[c::STACK_ID] = (-17i64) as u64;
+        ev.fields[c::PROBE_NS] = 987;
         let Some(Record::Contention(r)) = decode(&raw(&ev)) else {
             panic!("not a contention")
         };
         assert_eq!((r.wait_ns, r.stack_id, r.flags), (1234, -17, 1));
+        assert_eq!(r.probe_ns, Some(987));
         ev.kind = kind::PT_PAGE;
         ev.fields[pt::LEVEL] = 9;
         assert!(decode(&raw(&ev)).is_none(), "bad level");

@@ -1388,6 +1388,7 @@ mod tests {
                 node: None,
                 stack_id: -1,
                 stack: Vec::new(),
+                probe_ns: None,
             }));
             lines.push(serde_json::to_string(&r).expect("json"));
         }

@@ -295,6 +295,11 @@ pub struct Contention {
     pub stack_id: i64,
     /// Kernel stack, innermost frame first, as `symbol+0xoff`; empty when `stack_id` < 0.
     pub stack: Vec<String>,
+    /// The probe's own time in `contention_begin` before it stamped the wait's start (its stack
+    /// walk): the waiter was already waiting, so its wait began this much before
+    /// `ts_ns - wait_ns`. Absent in traces from before the member existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_ns: Option<u64>,
 }
 
 /// One execution of a vmap purge work item (`drain_vmap_area_work` or `purge_vmap_node`).

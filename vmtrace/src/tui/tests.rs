@@ -139,6 +139,7 @@ fn fixed_app() -> App {
         node: None,
         stack_id: -1,
         stack: vec![],
+        probe_ns: None,
     })));
     records.push(Record::PtPage(PtPage {
         ctx: ctx(2 * SEC + 700),
