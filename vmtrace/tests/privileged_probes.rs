@@ -122,6 +122,19 @@ fn contention_is_classified(mode: &str) {
         e.0 += 1;
         e.1 += w.wait_ns;
     }
+    // Every kept wait carries the begin program's own time before its stamp: the stack walk,
+    // which runs on every kept wait, so it cannot be 0 for most of them.
+    let mut walks: Vec<u64> = waits
+        .iter()
+        .map(|w| w.probe_ns.unwrap_or_else(|| panic!("no probe_ns: {w:?}")))
+        .collect();
+    walks.sort_unstable();
+    let median_walk = walks[walks.len() / 2];
+    assert!(median_walk > 0, "the walk took no time: {walks:?}");
+    println!(
+        "probe_ns median {median_walk} ns over {} waits",
+        walks.len()
+    );
     let ladder = footer.ladder.expect("ladder stats in the footer");
     assert_eq!(ladder.events.contention, waits.len() as u64);
     assert_eq!(ladder.lost.contention, 0);
