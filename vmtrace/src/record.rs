@@ -38,7 +38,8 @@ use crate::value_parsers::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Output trace file (JSON Lines). `-` writes to stdout.
+    /// Output trace file (JSON Lines). A name ending in `.zst` writes zstd (about 17× smaller),
+    /// `.gz` gzip; every vmtrace reader opens either. `-` writes to stdout.
     #[arg(short, long, default_value = "vmtrace.jsonl")]
     pub output: PathBuf,
 
@@ -824,10 +825,8 @@ async fn record(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let sink: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout())
     } else {
-        Box::new(
-            File::create(&args.output)
-                .with_context(|| format!("creating {}", args.output.display()))?,
-        )
+        crate::trace::compress::create(&args.output)
+            .with_context(|| format!("creating {}", args.output.display()))?
     };
     let mut file = TraceFile::start(sink, &header, &snapshot)?;
     drop(snapshot);
@@ -1012,8 +1011,9 @@ fn report(
             footer.lost_total,
             match size {
                 Some(b) => format!(
-                    ", wrote {:.1} MiB to {}",
+                    ", wrote {:.1} MiB ({:.0} B/event) to {}",
                     b as f64 / 1048576.0,
+                    b as f64 / e.total().max(1) as f64,
                     args.output.display()
                 ),
                 None => String::new(),

@@ -5,8 +5,7 @@
 //! header's VMALLOC range (or another range an allocation asked for, such as modules).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -180,13 +179,8 @@ fn top<K: Ord + Clone>(m: HashMap<K, u64>, n: usize) -> Vec<(K, u64)> {
 }
 
 pub fn run(args: &SummaryArgs) -> anyhow::Result<ExitCode> {
-    let input: Box<dyn BufRead> = if args.trace.as_os_str() == "-" {
-        Box::new(BufReader::new(std::io::stdin()))
-    } else {
-        Box::new(BufReader::new(
-            File::open(&args.trace).with_context(|| format!("opening {}", args.trace.display()))?,
-        ))
-    };
+    let input = crate::trace::compress::open(&args.trace)
+        .with_context(|| format!("opening {}", args.trace.display()))?;
     let s = summarize(input).with_context(|| format!("reading {}", args.trace.display()))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);

@@ -58,7 +58,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub keep: bool,
     /// Measure only these conditions, comma-separated (default: all): untraced, foundation,
-    /// record, ladder, foundation-perf, ladder-perf (the same with perf tracepoints), serve,
+    /// record, record-zst (the same, compressed), ladder, foundation-perf, ladder-perf (the same with perf tracepoints), serve,
     /// serve-record, bpftrace, perf. `untraced` is always measured: it is the baseline of every
     /// ratio.
     #[arg(long, value_delimiter = ',', value_name = "CONDITIONS")]
@@ -83,7 +83,7 @@ struct Condition {
 }
 
 /// Every condition, in the order each round measures them.
-const CONDITIONS: [Condition; 10] = [
+const CONDITIONS: [Condition; 11] = [
     Condition {
         key: "untraced",
         label: "untraced",
@@ -95,6 +95,10 @@ const CONDITIONS: [Condition; 10] = [
     Condition {
         key: "record",
         label: "vmtrace record",
+    },
+    Condition {
+        key: "record-zst",
+        label: "vmtrace record -o .jsonl.zst",
     },
     Condition {
         key: "ladder",
@@ -243,13 +247,20 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
         }
         (with_stress(record), trace.to_path_buf())
     };
+    // The footer of a plain trace is its last line; a compressed one is read through
+    // `vmtrace summary`, which decompresses. The size says what each costs on disk per event.
     let record_footer = |c: &mut Command, trace: &Path| {
         let (report, _) = run_workload(c)?;
-        let footer = last_line(trace)
-            .ok()
-            .flatten()
-            .filter(|v| v["type"] == "footer");
-        Ok((report, Some(json!({ "footer": footer }))))
+        let bytes = fs::metadata(trace).map(|m| m.len()).ok();
+        let footer = if trace.extension().is_some_and(|e| e == "zst") {
+            summary_footer(&vmtrace, trace)
+        } else {
+            last_line(trace)
+                .ok()
+                .flatten()
+                .filter(|v| v["type"] == "footer")
+        };
+        Ok((report, Some(json!({ "footer": footer, "bytes": bytes }))))
     };
     let default_probes = vmtrace_default_probes(&vmtrace);
 
@@ -263,15 +274,21 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
                 "untraced" => measure(*c, stress(&vmtrace), |cmd| {
                     run_workload(cmd).map(|(r, _)| (r, None))
                 }),
-                "foundation" | "record" | "ladder" | "foundation-perf" | "ladder-perf" => {
+                "foundation" | "record" | "record-zst" | "ladder" | "foundation-perf"
+                | "ladder-perf" => {
                     let probes = match c.key {
                         "foundation" | "foundation-perf" => "none",
-                        "record" => default_probes.as_str(),
+                        "record" | "record-zst" => default_probes.as_str(),
                         _ => LADDER_PROBES,
+                    };
+                    let ext = if c.key == "record-zst" {
+                        "jsonl.zst"
+                    } else {
+                        "jsonl"
                     };
                     let (cmd, trace) = under_record(
                         probes,
-                        &dir.join(format!("vmtrace-{}.jsonl", c.key)),
+                        &dir.join(format!("vmtrace-{}.{ext}", c.key)),
                         c.key.ends_with("-perf"),
                     );
                     let o = measure(*c, cmd, |cmd| record_footer(cmd, &trace));
@@ -371,6 +388,18 @@ pub fn bench(args: &BenchArgs) -> Result<std::process::ExitCode> {
     } else {
         bail!("could not measure: {}", failed.join(", "))
     }
+}
+
+/// What `vmtrace summary --json` says of a trace's end: events and lost events (`lost_total`
+/// is null when the trace has no footer).
+fn summary_footer(vmtrace: &Path, trace: &Path) -> Option<Value> {
+    let out = Command::new(vmtrace)
+        .args(["summary", "--json"])
+        .arg(trace)
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(json!({ "events": v["events"], "lost_total": v["lost_total"], "via": "vmtrace summary" }))
 }
 
 /// The optional probes `vmtrace record` attaches by default, from its `--help` (so the

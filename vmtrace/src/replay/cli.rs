@@ -1,7 +1,6 @@
 //! `vmtrace replay`: the command-line edge of the replay (anyhow lives here, not below).
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -546,11 +545,8 @@ fn render_calibration(c: &Calibration) -> String {
 /// Most rounds of `--fit-costs` after the first simulation (each one a pass over the trace).
 const FIT_ROUNDS: usize = 8;
 
-fn open(path: &std::path::Path) -> anyhow::Result<Box<dyn BufRead>> {
-    if path.as_os_str() == "-" {
-        // Only one pass can read stdin; `run` refuses more before the first.
-        return Ok(Box::new(BufReader::new(std::io::stdin())));
-    }
-    let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    Ok(Box::new(BufReader::with_capacity(1 << 20, f)))
+/// Opens a trace, plain or compressed; only one pass can read stdin (`-`), and `run` refuses
+/// more before the first.
+fn open(path: &std::path::Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
+    crate::trace::compress::open(path).with_context(|| format!("cannot open {}", path.display()))
 }

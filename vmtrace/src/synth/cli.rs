@@ -1,6 +1,5 @@
 //! `vmtrace synth`: the command-line edge (anyhow lives here, not below).
 
-use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,7 +66,8 @@ pub struct SynthArgs {
     )]
     pub calibration: String,
 
-    /// Output trace file (JSON Lines); `-` writes to stdout.
+    /// Output trace file (JSON Lines); a name ending in `.zst` or `.gz` compresses it; `-` writes
+    /// to stdout.
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
 }
@@ -106,10 +106,8 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<ExitCode> {
     let out: Box<dyn Write> = if args.output.as_os_str() == "-" {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(
-            File::create(&args.output)
-                .with_context(|| format!("cannot create {}", args.output.display()))?,
-        )
+        crate::trace::compress::create(&args.output)
+            .with_context(|| format!("cannot create {}", args.output.display()))?
     };
     let s = generate(&p, argv, out).context("generating the synthetic trace")?;
     if s.tests.is_empty() {

@@ -4,6 +4,7 @@
 //! the tests validate traces against. Bump [`VERSION`] on any incompatible change.
 
 pub mod addr;
+pub mod compress;
 pub mod reader;
 pub mod schema;
 pub mod wire;

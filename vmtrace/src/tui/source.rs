@@ -56,10 +56,7 @@ pub struct ReplaySpec {
 impl ReplaySpec {
     fn open(&self) -> std::io::Result<Box<dyn BufRead + Send>> {
         Ok(match &self.input {
-            ReplayInput::File(p) if p.as_os_str() == "-" => {
-                Box::new(std::io::BufReader::new(std::io::stdin()))
-            }
-            ReplayInput::File(p) => Box::new(std::io::BufReader::new(std::fs::File::open(p)?)),
+            ReplayInput::File(p) => crate::trace::compress::open(p)?,
             ReplayInput::Bundled => Box::new(BUNDLED_TRACE),
         })
     }
