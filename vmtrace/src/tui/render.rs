@@ -193,21 +193,80 @@ pub fn rates(f: &mut Frame, area: Rect, app: &App) {
 
 /// Allocation sizes in pages (guard page included), as horizontal bars.
 pub fn sizes(f: &mut Frame, area: Rect, app: &App) {
-    let max = app.c.sizes.iter().copied().max().unwrap_or(0).max(1);
-    let bar_w = (area.width as usize).saturating_sub(18).max(1);
-    let mut lines = Vec::new();
-    for b in 0..SIZE_BUCKETS {
-        let n = app.c.sizes[b];
-        if n == 0 && b > 0 && app.c.sizes[b..].iter().all(|&x| x == 0) {
-            break;
-        }
-        let len = (n as usize * bar_w).div_ceil(max as usize);
-        lines.push(Line::from(vec![
-            Span::raw(format!("{:>8} {:>7} ", size_label(b), n)),
-            Span::styled("█".repeat(len), Style::default().fg(Color::Green)),
-        ]));
-    }
+    let rows = size_rows(&app.c.sizes, area.height as usize);
+    let max = rows.iter().map(|r| r.count).max().unwrap_or(0).max(1);
+    let marker = |r: &SizeRow| (r.merged > 1).then(|| format!(" ({} merged)", r.merged));
+    // The merged row's marker must stay on screen, so the bars leave room for it.
+    let marker_w = rows
+        .iter()
+        .filter_map(marker)
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0);
+    let bar_w = (area.width as usize).saturating_sub(18 + marker_w).max(1);
+    let lines: Vec<Line> = rows
+        .iter()
+        .map(|r| {
+            let len = (r.count as usize * bar_w).div_ceil(max as usize);
+            let mut spans = vec![
+                Span::raw(format!("{:>8} {:>7} ", r.label, r.count)),
+                Span::styled("█".repeat(len), Style::default().fg(Color::Green)),
+            ];
+            if let Some(m) = marker(r) {
+                spans.push(Span::styled(m, Style::default().fg(Color::DarkGray)));
+            }
+            Line::from(spans)
+        })
+        .collect();
     f.render_widget(Paragraph::new(lines), area);
+}
+
+/// One row of the size panel: a bucket, or the tail of buckets merged into one.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SizeRow {
+    pub label: String,
+    pub count: u64,
+    /// Buckets in this row; more than one only in a merged last row.
+    pub merged: usize,
+}
+
+/// The rows the size panel shows in `height` lines: from the first bucket that holds
+/// allocations to the last, so a workload of 18-page areas is never cut off below empty small
+/// sizes; when they do not fit, the last row merges the rest and says how many it holds.
+pub fn size_rows(sizes: &[u64; SIZE_BUCKETS], height: usize) -> Vec<SizeRow> {
+    let (Some(first), Some(last)) = (
+        sizes.iter().position(|&n| n > 0),
+        sizes.iter().rposition(|&n| n > 0),
+    ) else {
+        return Vec::new();
+    };
+    if height == 0 {
+        return Vec::new();
+    }
+    let single = |b: usize| SizeRow {
+        label: size_label(b),
+        count: sizes[b],
+        merged: 1,
+    };
+    if last - first < height {
+        return (first..=last).map(single).collect();
+    }
+    let tail = first + height - 1;
+    let mut rows: Vec<SizeRow> = (first..tail).map(single).collect();
+    rows.push(SizeRow {
+        label: format!("{}+", size_lower_bound(tail)),
+        count: sizes[tail..=last].iter().sum(),
+        merged: last - tail + 1,
+    });
+    rows
+}
+
+/// The smallest size, in pages, of a bucket.
+fn size_lower_bound(bucket: usize) -> u64 {
+    match bucket {
+        0 => 1,
+        b => (1u64 << (b - 1)) + 1,
+    }
 }
 
 /// Lazy backlog against `lazy_max_pages`, with its peak per second and purge markers.

@@ -207,6 +207,61 @@ fn size_buckets_are_powers_of_two_in_pages() {
 }
 
 #[test]
+fn size_rows_start_at_the_first_used_bucket_and_merge_the_tail() {
+    let mut sizes = [0u64; SIZE_BUCKETS];
+    assert!(render::size_rows(&sizes, 5).is_empty());
+    sizes[5] = 7;
+    let rows = render::size_rows(&sizes, 5);
+    assert_eq!(
+        rows,
+        vec![render::SizeRow {
+            label: "17-32".into(),
+            count: 7,
+            merged: 1
+        }],
+        "an 18-page workload alone shows its own row, not the empty small sizes"
+    );
+    // fix-size at 16 data pages: a few small areas and hundreds of thousands of 18 pages.
+    sizes = [3, 5, 10, 20, 195, 486_000, 0, 0, 0, 0, 0];
+    let rows = render::size_rows(&sizes, 5);
+    let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(labels, ["1", "2", "3-4", "5-8", "9+"]);
+    assert_eq!((rows[4].count, rows[4].merged), (486_195, 2));
+    assert_eq!(rows.iter().map(|r| r.count).sum::<u64>(), 486_233);
+    // Enough rows: every bucket from the first to the last used one, empty ones between kept.
+    sizes = [0, 4, 0, 0, 9, 0, 0, 0, 0, 0, 0];
+    let labels: Vec<String> = render::size_rows(&sizes, 10)
+        .into_iter()
+        .map(|r| r.label)
+        .collect();
+    assert_eq!(labels, ["2", "3-4", "5-8", "9-16"]);
+    assert!(render::size_rows(&sizes, 0).is_empty());
+}
+
+/// A tall workload in a short panel: the 18-page areas stay on screen, in a merged row.
+#[test]
+fn render_sizes_tall_workload_in_five_rows() {
+    let mut app = App::new();
+    app.handle(Event::Start(Box::new(info())));
+    let mut ts = SEC;
+    let mut addr = BASE;
+    let mut records = Vec::new();
+    for (pages, n) in [(1, 3), (2, 5), (4, 10), (8, 20), (16, 2), (18, 400)] {
+        for _ in 0..n {
+            ts += 1000;
+            addr += (pages + 1) * 4096;
+            records.push(alloc(ts, addr, pages));
+        }
+    }
+    app.handle(Event::Data(Batch {
+        records,
+        now_ns: 2 * SEC,
+        lost_total: 0,
+    }));
+    insta::assert_snapshot!(panel_text(&app, Panel::Sizes, 60, 7));
+}
+
+#[test]
 fn keys_move_focus_zoom_and_quit() {
     let mut app = fixed_app();
     assert_eq!(app.focus, Panel::Rates);
