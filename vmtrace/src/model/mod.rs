@@ -329,6 +329,10 @@ pub struct ModelStats {
     pub allocs: u64,
     pub alloc_failures: u64,
     pub pool_hits: u64,
+    /// Areas [`Model::claim`] took from a pool: pool hits of the kernel's that the model did not
+    /// predict (`pool_hits` counts only its own). Together they are the kernel's pool hits as
+    /// replay attributes them; without these the share counted only agreeing predictions.
+    pub pool_claims: u64,
     /// Pool lookups that found a misaligned head and rotated it.
     pub pool_rotations: u64,
     pub fit_fl: u64,
@@ -621,6 +625,7 @@ impl Model {
         let node = self.params.layout.cpu_to_node(req.cpu);
         let tag = if eligible { node + 1 } else { 0 };
         let placement = if self.pools.remove(addr, req.size, node).is_some() {
+            self.stats.pool_claims += 1;
             Placement::Pool
         } else {
             if addr < self.params.vmalloc_start

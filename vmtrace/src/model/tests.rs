@@ -813,3 +813,38 @@ fn withheld_pool_entries_come_back_at_the_head() {
     assert!(m.hidden().is_empty());
     m.check_invariants().unwrap();
 }
+
+/// A pool hit the model predicted at another entry is still the kernel's pool hit: `undo_alloc`
+/// takes the prediction's hit back and `claim` counts the kernel's, so replay's pool-hit share
+/// (validation's observed side) counts pool hits, not agreeing predictions. A claim from the
+/// free tree counts none.
+#[test]
+fn claims_from_a_pool_count_as_the_kernels_pool_hits() {
+    let p = params(Variant::Nodes);
+    let mut m = Model::new(p.clone()).unwrap();
+    let addrs = pooled_one_page_areas(&mut m, &p, 3);
+    let before = m.stats().clone();
+    let predicted = m.alloc(&one_page_req(0, &p)).unwrap().unwrap();
+    assert_eq!(predicted.placement, Placement::Pool);
+    let kernels = *addrs.iter().find(|&&a| a != predicted.addr).unwrap();
+    m.undo_alloc(&predicted).unwrap();
+    assert_eq!(
+        m.claim(&one_page_req(0, &p), kernels).unwrap(),
+        Placement::Pool
+    );
+    let s = m.stats();
+    assert_eq!(
+        s.pool_hits, before.pool_hits,
+        "the wrong prediction is taken back"
+    );
+    assert_eq!(s.pool_claims, before.pool_claims + 1);
+    assert_eq!(s.allocs, before.allocs + 1);
+    // Above every area so far: free-tree space.
+    let high = addrs.iter().max().unwrap() + 8 * PAGE;
+    assert!(matches!(
+        m.claim(&one_page_req(0, &p), high).unwrap(),
+        Placement::FreeTree(_)
+    ));
+    assert_eq!(m.stats().pool_claims, before.pool_claims + 1);
+    m.check_invariants().unwrap();
+}

@@ -194,6 +194,48 @@ pub struct TraceFigures {
     /// The snapshot was taken with the pools emptied (`record --drain-pools`); otherwise the
     /// model starts with their space free, and the footprint figures may come out low.
     pub pools_drained: bool,
+    /// The most allocations that can have been pool hits, as a share of all, from the trace
+    /// alone ([`PoolBound`]); `None` when the pools were not drained before the snapshot.
+    pub pool_hit_share_max: Option<f64>,
+}
+
+/// A bound on the kernel's pool hits that needs no model: `node_alloc` takes an area from the
+/// pool of the allocating CPU's node, and a node's pool only ever holds areas that node itself
+/// allocated (the free puts an area on the lazy list of the node encoded in its flags, and the
+/// purge pools it there), at their own size. So an allocation whose address the trace never
+/// showed before, or last showed allocated on another node or at another size, came from the
+/// free tree. Areas of the start snapshot count as possible either way (their node is unknown).
+/// Observed-timing replay's attribution is inferred; this bound is measured, and only valid
+/// when the pools were empty at the snapshot.
+#[derive(Debug, Default)]
+struct PoolBound {
+    /// Per address: the node that last allocated it (`None`: not through the pools, so never
+    /// pooled) and its size; snapshot areas have `SEEDED`.
+    last: HashMap<u64, (u32, u64)>,
+    possible: u64,
+}
+
+impl PoolBound {
+    const SEEDED: u32 = u32::MAX;
+    const NOT_POOLED: u32 = u32::MAX - 1;
+
+    fn seed(&mut self, addr: u64, size: u64) {
+        self.last.insert(addr, (Self::SEEDED, size));
+    }
+
+    /// One successful allocation; `node` is the allocating CPU's node when the request could
+    /// use the pools.
+    fn observe(&mut self, addr: u64, size: u64, node: Option<u32>) {
+        if let Some(n) = node {
+            if let Some(&(last, s)) = self.last.get(&addr) {
+                if s == size && (last == n || last == Self::SEEDED) {
+                    self.possible += 1;
+                }
+            }
+        }
+        self.last
+            .insert(addr, (node.unwrap_or(Self::NOT_POOLED), size));
+    }
 }
 
 /// Replays `input` free-running with `opts.variant`.
@@ -211,6 +253,7 @@ pub fn free_run<R: BufRead>(
     let (vstart, vend) = (params.vmalloc_start, params.vmalloc_end);
     let lazy_max = params.lazy_max_pages;
     let layout = params.layout;
+    let page_size = params.page_size;
     // Seed exactly as observed-timing replay does.
     let mut seeder = Replayer::new(Model::new(params)?, opts);
     seeder.seed(&snapshot);
@@ -257,6 +300,13 @@ pub fn free_run<R: BufRead>(
         follow_up: fr.follow_up.clone(),
         purge_span: fr.purge_span.clone(),
         seeded_drained,
+        bound: {
+            let mut b = PoolBound::default();
+            for area in &snapshot.areas {
+                b.seed(area.start.0, area.size);
+            }
+            b
+        },
         inflight: None,
         last_purge_end: 0,
         last_free_at: BTreeMap::new(),
@@ -299,6 +349,15 @@ pub fn free_run<R: BufRead>(
                     {
                         run.view.observe_alloc(top);
                     }
+                    let pooled = a.vstart.0 == vstart
+                        && a.vend.0 == vend
+                        && layout.nr_nodes() > 1
+                        && crate::model::pools::pool_index(a.size, page_size).is_some();
+                    run.bound.observe(
+                        a.addr.0,
+                        a.size,
+                        pooled.then(|| layout.cpu_to_node(a.ctx.cpu)),
+                    );
                     run.alloc(&a)?;
                 }
                 run.des.advance(a.ctx.ts_ns);
@@ -515,6 +574,7 @@ struct Run {
     purge_span: Option<DrainLatency>,
     /// The snapshot said the pools were emptied before it.
     seeded_drained: bool,
+    bound: PoolBound,
     /// The drain work's purge between its detach and its end, and when it ends.
     inflight: Option<(Inflight, u64)>,
     /// When the last purge ended: `vmap_purge_lock` holds the next one back until then.
@@ -1171,6 +1231,8 @@ impl Run {
                 high_water_bytes: self.view.high_water,
                 nr_lazy_mean: observed_lazy,
                 pools_drained: self.seeded_drained,
+                pool_hit_share_max: (self.seeded_drained && self.allocs > 0)
+                    .then(|| self.bound.possible as f64 / self.allocs as f64),
             },
             validation: Vec::new(),
         }
@@ -1180,6 +1242,37 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The trace-only bound counts a reuse only by the node that last allocated the address,
+    /// at its size, or of a snapshot area; moving the same reuses to another node's CPU (or
+    /// outside the pools' window) takes them out, so the bound drops.
+    #[test]
+    fn the_pool_bound_counts_only_same_node_same_size_reuses() {
+        let mut b = PoolBound::default();
+        b.seed(0x1000, 8192);
+        b.observe(0x1000, 8192, Some(3)); // a snapshot area: possible
+        b.observe(0x9000, 8192, Some(0)); // never seen: free tree
+        b.observe(0x9000, 8192, Some(0)); // same node, same size: possible
+        b.observe(0x9000, 8192, Some(1)); // another node: free tree
+        b.observe(0x9000, 4096, Some(1)); // another size: free tree
+        b.observe(0x9000, 4096, None); // outside the pools' window
+        b.observe(0x9000, 4096, Some(1)); // last allocated not through the pools: free tree
+        assert_eq!(b.possible, 2);
+
+        let reuses = |nodes: [u32; 4]| {
+            let mut b = PoolBound::default();
+            for n in nodes {
+                b.observe(0x5000, 8192, Some(n));
+            }
+            b.possible
+        };
+        assert_eq!(reuses([2, 2, 2, 2]), 3);
+        assert_eq!(
+            reuses([2, 5, 2, 5]),
+            0,
+            "perturbed: every reuse on another node"
+        );
+    }
     use crate::synth::{generate, SynthParams};
     use crate::trace::{Contention, Ctx, KAddr, Latency};
 

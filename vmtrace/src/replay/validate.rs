@@ -101,7 +101,8 @@ pub fn validate(w: &WhatIf, fidelity: Option<&Report>) -> Vec<Validation> {
         let share = if r.model.allocs == 0 {
             0.0
         } else {
-            r.model.pool_hits as f64 / r.model.allocs as f64
+            // Predicted hits that agreed, plus the kernel's hits the model had to claim.
+            (r.model.pool_hits + r.model.pool_claims) as f64 / r.model.allocs as f64
         };
         v.push(entry(
             "pool_hit_share".into(),
@@ -192,6 +193,25 @@ pub fn render(w: &WhatIf) -> String {
     }
     let held = w.validation.iter().filter(|e| e.within).count();
     let _ = writeln!(s, "  {held} of {} within target", w.validation.len());
+    if let Some(max) = w.trace.pool_hit_share_max {
+        // The observed pool-hit share is replay's inference; the bound is the trace's own.
+        let share = w.validation.iter().find(|e| e.metric == "pool_hit_share");
+        let over: Vec<String> = share
+            .into_iter()
+            .flat_map(|e| [("observed", e.observed), ("predicted", e.predicted)])
+            .filter(|&(_, v)| v > max + 1e-9)
+            .map(|(side, v)| format!("the {side} {v:.4} exceeds it"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  pool_hit_share from the trace alone: at most {max:.4} (an address never shown before, or last allocated on another node or at another size, came from the free tree){}",
+            if over.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", over.join(", "))
+            }
+        );
+    }
     if !w.trace.pools_drained {
         let _ = writeln!(
             s,
