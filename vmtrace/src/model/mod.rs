@@ -624,8 +624,13 @@ impl Model {
         let eligible = self.pool_eligible(req);
         let node = self.params.layout.cpu_to_node(req.cpu);
         let tag = if eligible { node + 1 } else { 0 };
-        let placement = if self.pools.remove(addr, req.size, node).is_some() {
-            self.stats.pool_claims += 1;
+        let placement = if let Some(from) = self.pools.remove(addr, req.size, node) {
+            // `node_alloc` only ever looks in the allocating CPU's own pool, for a first try
+            // in the exact VMALLOC window: an area the model held in another pool was, in the
+            // kernel, free-tree space however the model had it.
+            if eligible && !req.retry && from == node {
+                self.stats.pool_claims += 1;
+            }
             Placement::Pool
         } else {
             if addr < self.params.vmalloc_start

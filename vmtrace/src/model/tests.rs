@@ -846,5 +846,17 @@ fn claims_from_a_pool_count_as_the_kernels_pool_hits() {
         Placement::FreeTree(_)
     ));
     assert_eq!(m.stats().pool_claims, before.pool_claims + 1);
+    // Node 0's last pooled area taken by a CPU of node 1: `node_alloc` never looks in another
+    // node's pool, so the kernel took it from the free tree.
+    let last = *addrs
+        .iter()
+        .find(|&&a| a != predicted.addr && a != kernels)
+        .unwrap();
+    assert_eq!(p.layout.cpu_to_node(1), 1);
+    assert_eq!(
+        m.claim(&one_page_req(1, &p), last).unwrap(),
+        Placement::Pool
+    );
+    assert_eq!(m.stats().pool_claims, before.pool_claims + 1);
     m.check_invariants().unwrap();
 }

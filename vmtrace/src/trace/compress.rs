@@ -64,11 +64,16 @@ pub fn open(path: &Path) -> io::Result<Box<dyn BufRead + Send>> {
 
 /// Wraps a byte stream in the decompressor its first bytes call for.
 pub fn reader<R: Read + Send + 'static>(
-    input: R,
+    mut input: R,
     name: String,
 ) -> io::Result<Box<dyn BufRead + Send>> {
-    let mut input = BufReader::with_capacity(1 << 20, input);
-    let kind = Compression::sniff(input.fill_buf()?);
+    // A pipe may hand over fewer bytes than the magic number in one read.
+    let mut head = Vec::with_capacity(ZSTD_MAGIC.len());
+    (&mut input)
+        .take(ZSTD_MAGIC.len() as u64)
+        .read_to_end(&mut head)?;
+    let kind = Compression::sniff(&head);
+    let input = BufReader::with_capacity(1 << 20, io::Cursor::new(head).chain(input));
     Ok(match kind {
         Compression::None => Box::new(input),
         Compression::Zstd => Box::new(BufReader::with_capacity(
@@ -83,7 +88,9 @@ pub fn reader<R: Read + Send + 'static>(
 }
 
 /// Ends the stream quietly, after one warning, where the compressed input stops inside a frame:
-/// what a recording killed between two flushes leaves. Corrupt data is still an error.
+/// what a recording killed between two flushes leaves. Corrupt data is an error, except where it
+/// damages a frame's header or its last block so that the decoder, too, sees a frame that stops
+/// early: both decoders report that as an unexpected end, and it reads as a cut there.
 struct CutTolerant<R> {
     inner: R,
     name: String,
@@ -334,6 +341,39 @@ mod tests {
             );
             assert!(text.len() < first.len() * 2, "{kind:?}: nothing was cut");
         }
+    }
+
+    /// A pipe that hands over one byte per read still has its magic number recognised.
+    #[test]
+    fn the_magic_number_is_read_whole_from_a_trickling_pipe() {
+        struct Trickle(io::Cursor<Vec<u8>>);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = buf.len().min(1);
+                self.0.read(&mut buf[..n])
+            }
+        }
+        let sink = Shared::default();
+        let mut w = writer(sink.clone(), Compression::Zstd).unwrap();
+        let text = lines(50, 0);
+        w.write_all(text.as_bytes()).unwrap();
+        drop(w);
+        let bytes = sink.0.lock().unwrap().clone();
+        let mut got = String::new();
+        reader(Trickle(io::Cursor::new(bytes)), "pipe".into())
+            .unwrap()
+            .read_to_string(&mut got)
+            .unwrap();
+        assert_eq!(got, text);
+        let mut plain = String::new();
+        reader(Trickle(io::Cursor::new(b"ab".to_vec())), "short".into())
+            .unwrap()
+            .read_to_string(&mut plain)
+            .unwrap();
+        assert_eq!(
+            plain, "ab",
+            "a stream shorter than any magic number is plain"
+        );
     }
 
     #[test]

@@ -56,9 +56,13 @@ impl<W: Write> TraceWriter<W> {
         self.lines
     }
 
-    /// Flushes and returns the inner writer (for `sync_all` on files).
+    /// Flushes and returns the inner writer (for `sync_all` on files). The inner writer is
+    /// flushed too: a compressing one ends its last frame there, and an error doing so (a full
+    /// disk) must reach the caller rather than a `Drop` that cannot report it.
     pub fn into_inner(self) -> io::Result<W> {
-        self.out.into_inner().map_err(|e| e.into_error())
+        let mut inner = self.out.into_inner().map_err(|e| e.into_error())?;
+        inner.flush()?;
+        Ok(inner)
     }
 }
 
