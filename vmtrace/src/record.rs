@@ -38,7 +38,7 @@ use crate::value_parsers::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Output trace file (JSON Lines). A name ending in `.zst` writes zstd (about 14× smaller),
+    /// Output trace file (JSON Lines). A name ending in `.zst` writes zstd (about 15× smaller),
     /// `.gz` gzip; every vmtrace reader opens either. `-` writes to stdout.
     #[arg(short, long, default_value = "vmtrace.jsonl")]
     pub output: PathBuf,
