@@ -3,9 +3,10 @@
 //! falls when the allocations' CPUs are scattered over other nodes, as a bound that reads the
 //! nodes must.
 
+mod common;
+
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sixteen/fix16-head.jsonl.zst")
@@ -13,17 +14,10 @@ fn fixture() -> PathBuf {
 
 /// The `nodes` what-if of `replay --free-running --json`.
 fn nodes_what_if(trace: &Path) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
-        .args(["replay", "--free-running", "--json", "--seed", "1"])
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let doc = common::vmtrace_json(
+        &["replay", "--free-running", "--json", "--seed", "1"],
+        trace,
     );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     doc["what_if"]
         .as_array()
         .unwrap()

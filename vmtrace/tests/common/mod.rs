@@ -31,6 +31,24 @@ pub fn record_stress_with(trace: &Path, record: &[&str], stress: &str) {
     assert!(status.success(), "vmtrace record failed: {status}");
 }
 
+/// Runs `vmtrace ARGS FILE`, asserts it succeeded, and parses what it printed as JSON (the
+/// command is expected to be given `--json`).
+pub fn vmtrace_json(args: &[&str], file: &Path) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vmtrace {} {} failed: {}",
+        args.join(" "),
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Path of the shipped schema, `docs/trace.schema.json` at the workspace root.
 pub fn schema_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
