@@ -8,8 +8,14 @@ use std::process::{Command, Output, Stdio};
 
 use vmtrace::trace::compress::{self, Compression};
 
-fn sample() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/sample-trace.jsonl")
+mod common;
+
+/// The bundled trace written out plain, so that each test compares formats of the same lines.
+fn plain_sample(dir: &Path) -> (PathBuf, String) {
+    let text = common::sample_trace_text();
+    let path = dir.join("plain.jsonl");
+    std::fs::write(&path, &text).unwrap();
+    (path, text)
 }
 
 /// Writes `text` compressed, ending a frame every `lines_per_frame` lines as the recorder's
@@ -55,7 +61,7 @@ fn json_of(out: &Output) -> serde_json::Value {
 #[test]
 fn summary_and_replay_agree_on_plain_zstd_and_gzip() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(sample()).unwrap();
+    let (sample, text) = plain_sample(dir.path());
     let zst = dir.path().join("t.jsonl.zst");
     let gz = dir.path().join("t.jsonl.gz");
     // A compressed file under a plain name: the magic bytes decide, not the name.
@@ -73,8 +79,8 @@ fn summary_and_replay_agree_on_plain_zstd_and_gzip() {
         );
     }
 
-    let want_summary = json_of(&vmtrace(&["summary", "--json"], &sample()));
-    let want_replay = json_of(&vmtrace(&["replay", "--json"], &sample()));
+    let want_summary = json_of(&vmtrace(&["summary", "--json"], &sample));
+    let want_replay = json_of(&vmtrace(&["replay", "--json"], &sample));
     for f in [&zst, &gz, &disguised] {
         assert_eq!(
             json_of(&vmtrace(&["summary", "--json"], f)),
@@ -110,7 +116,7 @@ fn summary_and_replay_agree_on_plain_zstd_and_gzip() {
 #[test]
 fn a_zstd_trace_cut_inside_a_frame_reads_up_to_the_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(sample()).unwrap();
+    let (sample, text) = plain_sample(dir.path());
     let zst = dir.path().join("cut.jsonl.zst");
     let ends = write_compressed(&zst, &text, Compression::Zstd, 1000);
     assert!(ends.len() >= 3, "{ends:?}");
@@ -128,7 +134,7 @@ fn a_zstd_trace_cut_inside_a_frame_reads_up_to_the_cut() {
         .iter()
         .map(|k| events[k].as_u64().unwrap())
         .sum::<u64>();
-    let full = json_of(&vmtrace(&["summary", "--json"], &sample()));
+    let full = json_of(&vmtrace(&["summary", "--json"], &sample));
     let total = ["alloc", "free", "purge"]
         .iter()
         .map(|k| full["events"][k].as_u64().unwrap())

@@ -174,7 +174,7 @@ fn top_replays_the_bundled_trace() {
     if !privileged() {
         return;
     }
-    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl.zst");
     let t = Tmux::start("replay", &format!("{BIN} top --replay {trace} --loop"));
     let (a, b) = watch_and_quit(&t, "vmtrace top | replay");
     assert_moved(a, b);
@@ -183,7 +183,7 @@ fn top_replays_the_bundled_trace() {
 #[test]
 fn top_batch_mode_prints_screens_and_exits() {
     // No terminal and no root needed: --replay in batch mode.
-    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl.zst");
     let out = Command::new(BIN)
         .args(["top", "--replay", trace, "--loop", "-n", "2", "-d", "500ms"])
         .output()

@@ -42,8 +42,14 @@ fn synth_trace() -> Vec<u8> {
 
 /// The bundled real trace cut to its header, snapshot, the first `events` events and footer.
 fn sample_trace(events: usize) -> Vec<u8> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl");
-    let text = std::fs::read_to_string(path).expect("the bundled sample trace is readable");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl.zst");
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut vmtrace::trace::compress::open(std::path::Path::new(path))
+            .expect("the bundled sample trace is readable"),
+        &mut text,
+    )
+    .expect("the bundled sample trace decompresses");
     let lines: Vec<&str> = text.lines().collect();
     let mut kept: Vec<&str> = lines.iter().take(2 + events).copied().collect();
     if let Some(last) = lines.last() {

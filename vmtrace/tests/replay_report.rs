@@ -15,7 +15,7 @@ use vmtrace::sim::timing::HistBucket;
 use vmtrace::synth::{generate, SynthParams};
 
 fn bundled() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-trace.jsonl")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-trace.jsonl.zst")
 }
 
 fn vmtrace(args: &[&str]) -> Output {

@@ -1,4 +1,4 @@
-//! The bundled real trace (`vmtrace/assets/sample-trace.jsonl`) stays readable and valid: it is
+//! The bundled real trace (`vmtrace/assets/sample-trace.jsonl.zst`) stays readable and valid: it is
 //! what `cargo xtask run` shows without privileges, so a format change must regenerate it.
 
 mod common;
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn sample() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/sample-trace.jsonl")
+    common::sample_trace_path()
 }
 
 #[test]
@@ -18,8 +18,8 @@ fn sample_trace_validates_against_the_schema() {
 
 #[test]
 fn sample_trace_is_consistent() {
-    let file = std::fs::File::open(sample()).unwrap();
-    let s = vmtrace::summary::summarize(std::io::BufReader::new(file)).unwrap();
+    let input = vmtrace::trace::compress::open(&sample()).unwrap();
+    let s = vmtrace::summary::summarize(input).unwrap();
     assert_eq!(s.lost_total, Some(0));
     assert!(s.cut_short_at_line.is_none());
     assert!(s.snapshot_real_addresses);
@@ -57,7 +57,7 @@ fn summary_command_prints_text_and_json() {
 
 #[test]
 fn a_corrupt_line_is_reported_with_its_number() {
-    let text = std::fs::read_to_string(sample()).unwrap();
+    let text = common::sample_trace_text();
     let mut lines: Vec<&str> = text.lines().collect();
     lines[10] = "{\"type\":\"alloc\",\"ts_ns\":\"oops\"}";
     let dir = tempfile::tempdir().unwrap();
@@ -81,7 +81,7 @@ fn a_corrupt_line_is_reported_with_its_number() {
 #[test]
 fn strict_figures_are_the_causal_replay_and_stay_below_the_explained_ones() {
     use vmtrace::replay::{replay, ReplayOptions};
-    let read = || std::io::BufReader::new(std::fs::File::open(sample()).unwrap());
+    let read = || vmtrace::trace::compress::open(&sample()).unwrap();
     let both = replay(read(), &ReplayOptions::default()).unwrap();
     let causal = replay(
         read(),

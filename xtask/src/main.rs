@@ -47,7 +47,7 @@ enum Task {
     ///
     /// The demo job, as root on a kernel with BPF: record 10 s of vmalloc events while
     /// `vmtrace stress fix-size` runs, into target/vmtrace-demo.jsonl, then summarise the trace.
-    /// Otherwise it says why and summarises the bundled vmtrace/assets/sample-trace.jsonl.
+    /// Otherwise it says why and summarises the bundled vmtrace/assets/sample-trace.jsonl.zst.
     Run(run::RunArgs),
     /// Run the whole check suite, as CI does: setup, fmt, clippy (user space and eBPF), tests.
     ///

@@ -19,11 +19,12 @@ use crate::probe::LoadedProbes;
 use crate::record::Reorder;
 use crate::trace::{Meminfo, Record, TraceReader};
 
-/// The trace `vmtrace top` plays when probes cannot attach: `vmtrace/assets/sample-trace.jsonl`,
-/// built into the binary so the fallback works wherever the binary is copied.
-pub static BUNDLED_TRACE: &[u8] = include_bytes!("../../assets/sample-trace.jsonl");
+/// The trace `vmtrace top` plays when probes cannot attach: `vmtrace/assets/sample-trace.jsonl.zst`,
+/// built into the binary so the fallback works wherever the binary is copied (zstd: 41 kB
+/// against 859 kB plain).
+pub static BUNDLED_TRACE: &[u8] = include_bytes!("../../assets/sample-trace.jsonl.zst");
 /// Name shown for the bundled trace.
-pub const BUNDLED_NAME: &str = "bundled sample-trace.jsonl";
+pub const BUNDLED_NAME: &str = "bundled sample-trace.jsonl.zst";
 
 /// How often a source hands a batch to the UI: the UI draws at most this often anyway.
 const BATCH_EVERY: Duration = Duration::from_millis(100);
@@ -57,7 +58,9 @@ impl ReplaySpec {
     fn open(&self) -> std::io::Result<Box<dyn BufRead + Send>> {
         Ok(match &self.input {
             ReplayInput::File(p) => crate::trace::compress::open(p)?,
-            ReplayInput::Bundled => Box::new(BUNDLED_TRACE),
+            ReplayInput::Bundled => {
+                crate::trace::compress::reader(BUNDLED_TRACE, BUNDLED_NAME.into())?
+            }
         })
     }
 

@@ -170,9 +170,25 @@ pub fn assert_line_valid(validator: &jsonschema::Validator, lineno: usize, text:
 /// written when the recorder was killed: it is checked only if it is complete JSON, and skipped
 /// otherwise. Panics with the line number and error at the first bad line.
 pub fn assert_trace_valid(path: &Path) -> usize {
-    let file = std::fs::File::open(path)
+    let input = vmtrace::trace::compress::open(path)
         .unwrap_or_else(|e| panic!("cannot open trace {}: {e}", path.display()));
-    assert_reader_valid(std::io::BufReader::new(file), &path.display().to_string())
+    assert_reader_valid(input, &path.display().to_string())
+}
+
+/// The bundled real trace, `vmtrace/assets/sample-trace.jsonl.zst`.
+pub fn sample_trace_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/sample-trace.jsonl.zst")
+}
+
+/// The bundled real trace's JSON Lines, decompressed.
+pub fn sample_trace_text() -> String {
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut vmtrace::trace::compress::open(&sample_trace_path()).unwrap(),
+        &mut text,
+    )
+    .unwrap();
+    text
 }
 
 /// [`assert_trace_valid`] for a trace in memory.
