@@ -212,8 +212,9 @@ pub struct TraceFigures {
 /// events in 2.05 M on a 16-CPU recording); lost events hide reuses likewise.
 #[derive(Debug, Default)]
 struct PoolBound {
-    /// Per address: the node that last allocated it (`None`: not through the pools, so never
-    /// pooled) and its size; snapshot areas have `SEEDED`.
+    /// Per address: the node that last allocated it and its size. `NOT_POOLED` marks an
+    /// allocation that could not use the pools (so its area is never pooled), `SEEDED` an area
+    /// of the start snapshot.
     last: HashMap<u64, (u32, u64)>,
     possible: u64,
     /// Allocations observed: the bound's denominator (free-running's own count leaves out
