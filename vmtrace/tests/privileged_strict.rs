@@ -14,29 +14,16 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::process::Command;
 
 use common::privileged;
 use serde_json::Value;
-
-const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 
 /// Every strict miss is listed, so that only agreed events are perturbed.
 const ALL_DIVERGENCES: &str = "100000000";
 
 fn replay(trace: &Path, extra: &[&str]) -> Value {
-    let out = Command::new(VMTRACE)
-        .args(["replay", "--json"])
-        .args(extra)
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vmtrace replay failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args: Vec<&str> = ["replay", "--json"].iter().chain(extra).copied().collect();
+    let doc = common::vmtrace_json(&args, trace);
     doc.as_array().map_or(doc.clone(), |a| a[0].clone())
 }
 

@@ -19,18 +19,11 @@ const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 
 /// The `nodes` variant's validation entries: metric → (observed, predicted, ratio, within).
 fn validation(trace: &Path, costs: &Path) -> Vec<(String, f64, f64, Option<f64>, bool)> {
-    let out = Command::new(VMTRACE)
-        .args(["replay", "--free-running", "--json", "--costs"])
-        .arg(costs)
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vmtrace replay failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let costs = costs.to_str().expect("a UTF-8 calibration path");
+    let doc = common::vmtrace_json(
+        &["replay", "--free-running", "--json", "--costs", costs],
+        trace,
     );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let w = doc["what_if"]
         .as_array()
         .unwrap()
