@@ -57,6 +57,11 @@ pub enum Command {
     /// Generate a synthetic trace shaped like lib/test_vmalloc.c, with addresses chosen by the
     /// allocator model and timestamps from a per-CPU timing model (docs/synth.md).
     Synth(crate::synth::cli::SynthArgs),
+    /// What-if at the published scale: sweep lib/test_vmalloc.c workloads (or a recorded
+    /// trace) over thread and CPU counts through each allocator design's free-running model
+    /// and lock simulation, with no trace file; a table, --json or --report charts
+    /// (docs/whatif.md).
+    Whatif(crate::whatif::cli::WhatifArgs),
     /// Show how each probe attaches on this kernel: the chosen rung of the strategy ladder
     /// (fentry, kprobe, tracepoint) and why each richer rung was refused. Needs root.
     Probes(ProbesArgs),

@@ -17,4 +17,5 @@ pub mod synth;
 pub mod trace;
 pub mod tui;
 pub mod value_parsers;
+pub mod whatif;
 pub mod workload;

@@ -53,6 +53,10 @@ pub struct FreeSpace {
     blocks: BTreeMap<u64, u64>,
     /// The same blocks split by `floor(log2(len))`.
     classes: Vec<BTreeMap<u64, u64>>,
+    /// Bit `c` set when class `c` has members: the searches skip empty classes without a
+    /// lookup (most of the 64 are empty, and a lookup per class per allocation was the
+    /// largest single cost of free-running replay).
+    nonempty: u64,
     free_bytes: u64,
 }
 
@@ -93,6 +97,7 @@ impl FreeSpace {
         Self {
             blocks: BTreeMap::new(),
             classes: vec![BTreeMap::new(); CLASSES],
+            nonempty: 0,
             free_bytes: 0,
         }
     }
@@ -160,15 +165,38 @@ impl FreeSpace {
         out
     }
 
+    /// The non-empty classes from `first` up, in order.
+    fn classes_from(&self, first: usize) -> impl Iterator<Item = usize> {
+        let mut bits = if first >= CLASSES {
+            0
+        } else {
+            self.nonempty & (u64::MAX << first)
+        };
+        std::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let c = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            Some(c)
+        })
+    }
+
     fn link(&mut self, start: u64, end: u64) {
         self.blocks.insert(start, end);
-        self.classes[class_of(end - start)].insert(start, end);
+        let c = class_of(end - start);
+        self.classes[c].insert(start, end);
+        self.nonempty |= 1 << c;
         self.free_bytes += end - start;
     }
 
     fn unlink(&mut self, start: u64, end: u64) {
         self.blocks.remove(&start);
-        self.classes[class_of(end - start)].remove(&start);
+        let c = class_of(end - start);
+        self.classes[c].remove(&start);
+        if self.classes[c].is_empty() {
+            self.nonempty &= !(1 << c);
+        }
         self.free_bytes -= end - start;
     }
 
@@ -209,7 +237,7 @@ impl FreeSpace {
         let sure = size.saturating_add(align - 1);
         let mut best: Option<(u64, u64, u64)> = None;
         // Classes whose every member fits: the lowest member is the candidate.
-        for class in class_of(sure).saturating_add(1)..CLASSES {
+        for class in self.classes_from(class_of(sure).saturating_add(1)) {
             let upper = best.map_or(u64::MAX, |b| b.0);
             if let Some((&s, &e)) = self.classes[class].range(lo..upper).next() {
                 if let Some(nva) = fit_in(s, e, size, align, vstart) {
@@ -218,7 +246,11 @@ impl FreeSpace {
             }
         }
         // Classes whose members may or may not fit: scan below the best so far.
-        for class in class_of(size)..=class_of(sure).min(CLASSES - 1) {
+        let partial_end = class_of(sure).min(CLASSES - 1);
+        for class in self
+            .classes_from(class_of(size))
+            .take_while(|&c| c <= partial_end)
+        {
             let upper = best.map_or(u64::MAX, |b| b.0);
             for (&s, &e) in self.classes[class].range(lo..upper) {
                 if let Some(nva) = fit_in(s, e, size, align, vstart) {

@@ -135,15 +135,28 @@ fn fonts() -> Result<(), ChartError> {
 
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
-/// One chart, drawable on any plotters backend (the same code makes the SVG and the PNG).
-trait Chart {
-    /// Index into [`CHARTS`].
-    const INDEX: usize;
+/// Anything drawable on any plotters backend (the same code makes the SVG and the PNG).
+trait Draw {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
 }
 
+/// One chart of [`write_report`].
+trait Chart: Draw {
+    /// Index into [`CHARTS`].
+    const INDEX: usize;
+}
+
 fn render<C: Chart>(dir: &Path, chart: &C, files: &mut Vec<PathBuf>) -> Result<(), ChartError> {
-    let stem = CHARTS[C::INDEX].0;
+    render_as(dir, CHARTS[C::INDEX].0, chart, files)
+}
+
+/// Writes `chart` as `STEM.svg` and `STEM.png` into `dir`.
+fn render_as<C: Draw>(
+    dir: &Path,
+    stem: &'static str,
+    chart: &C,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), ChartError> {
     let draw_err = |e: &dyn std::fmt::Display| ChartError::Draw {
         chart: stem,
         message: e.to_string(),
@@ -195,7 +208,7 @@ fn write_png(path: &Path, rgb: &[u8]) -> Result<(), ChartError> {
 }
 
 /// A variant keeps its colour in every chart.
-fn variant_colour(v: Variant) -> RGBColor {
+pub(crate) fn variant_colour(v: Variant) -> RGBColor {
     match v {
         Variant::Nodes => RGBColor(31, 119, 180),
         Variant::NodesCapped => RGBColor(44, 160, 44),
@@ -370,7 +383,9 @@ struct Footprint<'a>(&'a ReportInput<'a>);
 
 impl Chart for Footprint<'_> {
     const INDEX: usize = 0;
+}
 
+impl Draw for Footprint<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let area = titled(root, Self::INDEX)?;
         let obs = self.0.fidelity.first();
@@ -475,7 +490,9 @@ struct Backlog<'a>(&'a ReportInput<'a>);
 
 impl Chart for Backlog<'_> {
     const INDEX: usize = 1;
+}
 
+impl Draw for Backlog<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let area = titled(root, Self::INDEX)?;
         let obs = self.0.fidelity.first();
@@ -741,7 +758,9 @@ struct NodeShare<'a>(&'a ReportInput<'a>);
 
 impl Chart for NodeShare<'_> {
     const INDEX: usize = 2;
+}
 
+impl Draw for NodeShare<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let area = titled(root, Self::INDEX)?;
         let mut series = Vec::new();
@@ -811,7 +830,9 @@ fn trim(v: f64) -> String {
 
 impl Chart for LockWaits<'_> {
     const INDEX: usize = 3;
+}
 
+impl Draw for LockWaits<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let area = titled(root, Self::INDEX)?;
         let what_if = self.0.what_if;
@@ -953,7 +974,9 @@ struct Variants<'a>(&'a ReportInput<'a>);
 
 impl Chart for Variants<'_> {
     const INDEX: usize = 4;
+}
 
+impl Draw for Variants<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let area = titled(root, Self::INDEX)?;
         let w = self.0.what_if;
@@ -1216,5 +1239,87 @@ mod tests {
         assert_eq!(short_ns(1024), "1 µs");
         assert_eq!(short_ns(1536), "1.5 µs");
         assert_eq!(short_ns(4_194_304), "4.2 ms");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A line chart of one figure against a numeric parameter, one line per variant, each point
+/// marked: `vmtrace whatif --report` draws its sweeps with it.
+#[derive(Clone, Debug)]
+pub struct LineChart {
+    pub title: String,
+    pub x_desc: String,
+    pub y_desc: String,
+    /// Base-2 logarithmic x axis (thread and CPU counts double from point to point).
+    pub log2_x: bool,
+    pub lines: Vec<(Variant, Vec<(f64, f64)>)>,
+}
+
+/// Writes `chart` as `STEM.svg` and `STEM.png` into `dir` (which must exist); appends the
+/// paths to `files`.
+pub fn write_line_chart(
+    dir: &Path,
+    stem: &'static str,
+    chart: &LineChart,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), ChartError> {
+    fonts()?;
+    render_as(dir, stem, chart, files)
+}
+
+impl Draw for LineChart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let area = root.titled(&self.title, title_font())?;
+        let xs = |x: f64| if self.log2_x { x.max(1e-9).log2() } else { x };
+        let all = || self.lines.iter().flat_map(|(_, p)| p.iter());
+        if all().next().is_none() {
+            return no_data(&area, "no sweep points");
+        }
+        let (mut x0, mut x1) = all().fold((f64::MAX, f64::MIN), |(a, b), &(x, _)| {
+            (a.min(xs(x)), b.max(xs(x)))
+        });
+        if x1 - x0 < 1e-9 {
+            x0 -= 1.0;
+            x1 += 1.0;
+        }
+        let pad = (x1 - x0) * 0.05;
+        let ymax = upper(all().map(|&(_, y)| y).fold(0.0, f64::max));
+        let mut chart = ChartBuilder::on(&area)
+            .margin(16)
+            .x_label_area_size(50)
+            .y_label_area_size(90)
+            .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..ymax)?;
+        let log2 = self.log2_x;
+        let x_label = move |v: &f64| if log2 { tick(&v.exp2()) } else { tick(v) };
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc.as_str())
+            .y_desc(self.y_desc.as_str())
+            .x_label_formatter(&x_label)
+            .y_label_formatter(&tick)
+            .axis_desc_style(("sans-serif", 16))
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        for (i, (variant, points)) in self.lines.iter().enumerate() {
+            let colour = variant_colour(*variant);
+            // Earlier lines wider, so that a later one on the same values leaves them visible.
+            let width = 2 + 2 * (self.lines.len() - 1 - i) as u32;
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().map(|&(x, y)| (xs(x), y)),
+                    colour.stroke_width(width),
+                ))?
+                .label(variant.name())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(3))
+                });
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|&(x, y)| Circle::new((xs(x), y), 4, colour.filled())),
+            )?;
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }
 }

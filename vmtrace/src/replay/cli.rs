@@ -160,7 +160,7 @@ fn parse_infer(s: &str) -> Result<(String, u64), String> {
     InferenceParams::parse_override(s).map_err(|e| e.to_string())
 }
 
-fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {
+pub(crate) fn parse_variant(s: &str) -> Result<crate::model::Variant, String> {
     s.parse()
 }
 

@@ -87,6 +87,9 @@ impl Default for FreeRunOptions {
     }
 }
 
+/// Footprint samples kept at most while running (the report shows 500).
+const MAX_SAMPLES: usize = 4096;
+
 /// One point of the footprint and backlog series (for charts).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Sample {
@@ -258,92 +261,137 @@ pub fn free_run<R: BufRead>(
         snapshot,
         params,
     } = super::open(input, opts)?;
-    let (vstart, vend) = (params.vmalloc_start, params.vmalloc_end);
-    let lazy_max = params.lazy_max_pages;
-    let layout = params.layout;
-    let page_size = params.page_size;
-    // Seed exactly as observed-timing replay does.
-    let mut seeder = Replayer::new(Model::new(params)?, opts);
-    seeder.seed(&snapshot);
-    let seeded_drained = snapshot.pools_drained;
-    let latency = if opts.variant == Variant::NodesCapped {
-        fr.highpri_latency_ns
-    } else {
-        fr.purge_latency_ns
-    };
-    let expected_cpus = header
-        .system
-        .possible_cpus
-        .max(header.system.online_cpus)
-        .max(1);
-    let prev = seeder.model.locks().clone();
-    let mut des = Des::new(fr.window_ns, latency, expected_cpus)
-        .with_max_pending(fr.max_pending_ops)
-        .with_spin_handoff(fr.costs.spin_handoff_ns);
-    let locks = LockIds::new(&mut des, &prev);
-    let pool_hits_at_start = seeder.model.stats().pool_hits;
-    let seeded_slots = seeder.model.slots().counts();
-    let mut tails = [HoldTail::default(); 7];
-    for (i, class) in LockClass::ALL.into_iter().enumerate() {
-        if let Some(t) = fr.tails.get(&class) {
-            tails[i] = *t;
-        }
-    }
-    let mut run = Run {
-        prev,
-        model: seeder.model,
-        costs: fr.costs,
-        tails,
-        // The measured distribution is the default workqueue's; `nodes-capped` queues on the
-        // high-priority one.
-        drain: fr
-            .drain_latency
-            .clone()
-            .filter(|_| opts.variant != Variant::NodesCapped),
-        rng: SplitMix64::new(fr.seed),
-        view: TraceView::default(),
-        pool_hits_at_start,
-        seeded_slots,
-        drain_latencies: Vec::new(),
-        follow_up: fr.follow_up.clone(),
-        purge_span: fr.purge_span.clone(),
-        seeded_drained,
-        bound: {
-            let mut b = PoolBound::default();
-            for area in &snapshot.areas {
-                b.seed(area.start.0, area.size);
-            }
-            b
-        },
-        inflight: None,
-        last_purge_end: 0,
-        last_free_at: BTreeMap::new(),
-        follow_up_purges: 0,
-        des,
-        locks,
-        latency,
-        map: HashMap::new(),
-        purge_at: None,
-        first_ts: None,
-        last_ts: 0,
-        cpus_seen: BTreeSet::new(),
-        high: 0,
-        allocs: 0,
-        frees: 0,
-        failures: 0,
-        frees_unknown: 0,
-        purges: 0,
-        purged_objects: 0,
-        samples: Vec::new(),
-        purge_times: Vec::new(),
-        per_node: vec![0; layout.nr_nodes() as usize],
-        observed: ObservedAcc::default(),
-        strict: opts.strict,
-        line: 2,
-    };
+    let mut runner = FreeRunner::new(&header, &snapshot, params, opts, fr)?;
     while let Some(rec) = reader.next() {
-        let rec = rec?;
-        run.line = reader.line();
+        runner.feed(rec?, reader.line())?;
+    }
+    Ok(runner.finish())
+}
+
+/// Free-running replay fed one record at a time, for callers that have records without a
+/// file: `vmtrace whatif` streams them from the synthetic generator into one runner per
+/// variant, so a sweep point needs no trace on disk and no memory per event.
+pub struct FreeRunner {
+    run: Run,
+    opts: ReplayOptions,
+    vstart: u64,
+    vend: u64,
+    layout: crate::model::NodeLayout,
+    page_size: u64,
+    lazy_max: u64,
+}
+
+impl FreeRunner {
+    /// Seeds the model from `snapshot` exactly as observed-timing replay does; `params` come
+    /// from [`super::params_for`] (or [`super::open`]) for the same header and options.
+    pub fn new(
+        header: &crate::trace::Header,
+        snapshot: &crate::trace::VmallocSnapshot,
+        params: crate::model::Params,
+        opts: &ReplayOptions,
+        fr: &FreeRunOptions,
+    ) -> Result<Self, ReplayError> {
+        let (vstart, vend) = (params.vmalloc_start, params.vmalloc_end);
+        let lazy_max = params.lazy_max_pages;
+        let layout = params.layout;
+        let page_size = params.page_size;
+        // Seed exactly as observed-timing replay does.
+        let mut seeder = Replayer::new(Model::new(params)?, opts);
+        seeder.seed(snapshot);
+        let seeded_drained = snapshot.pools_drained;
+        let latency = if opts.variant == Variant::NodesCapped {
+            fr.highpri_latency_ns
+        } else {
+            fr.purge_latency_ns
+        };
+        let expected_cpus = header
+            .system
+            .possible_cpus
+            .max(header.system.online_cpus)
+            .max(1);
+        let prev = seeder.model.locks().clone();
+        let mut des = Des::new(fr.window_ns, latency, expected_cpus)
+            .with_max_pending(fr.max_pending_ops)
+            .with_spin_handoff(fr.costs.spin_handoff_ns);
+        let locks = LockIds::new(&mut des, &prev);
+        let pool_hits_at_start = seeder.model.stats().pool_hits;
+        let seeded_slots = seeder.model.slots().counts();
+        let mut tails = [HoldTail::default(); 7];
+        for (i, class) in LockClass::ALL.into_iter().enumerate() {
+            if let Some(t) = fr.tails.get(&class) {
+                tails[i] = *t;
+            }
+        }
+        let run = Run {
+            prev,
+            model: seeder.model,
+            costs: fr.costs,
+            tails,
+            // The measured distribution is the default workqueue's; `nodes-capped` queues on the
+            // high-priority one.
+            drain: fr
+                .drain_latency
+                .clone()
+                .filter(|_| opts.variant != Variant::NodesCapped),
+            rng: SplitMix64::new(fr.seed),
+            view: TraceView::default(),
+            pool_hits_at_start,
+            seeded_slots,
+            drain_latencies: Vec::new(),
+            follow_up: fr.follow_up.clone(),
+            purge_span: fr.purge_span.clone(),
+            seeded_drained,
+            bound: {
+                let mut b = PoolBound::default();
+                for area in &snapshot.areas {
+                    b.seed(area.start.0, area.size);
+                }
+                b
+            },
+            inflight: None,
+            last_purge_end: 0,
+            last_free_at: BTreeMap::new(),
+            follow_up_purges: 0,
+            des,
+            locks,
+            latency,
+            map: HashMap::new(),
+            purge_at: None,
+            first_ts: None,
+            last_ts: 0,
+            cpus_seen: BTreeSet::new(),
+            high: 0,
+            allocs: 0,
+            frees: 0,
+            failures: 0,
+            frees_unknown: 0,
+            purges: 0,
+            purged_objects: 0,
+            samples: Vec::new(),
+            sample_stride: 1,
+            purge_times: Vec::new(),
+            per_node: vec![0; layout.nr_nodes() as usize],
+            observed: ObservedAcc::default(),
+            strict: opts.strict,
+            line: 2,
+        };
+        Ok(Self {
+            run,
+            opts: opts.clone(),
+            vstart,
+            vend,
+            layout,
+            page_size,
+            lazy_max,
+        })
+    }
+
+    /// One record of the trace, in order; `line` names it in warnings and strict errors.
+    pub fn feed(&mut self, rec: Record, line: usize) -> Result<(), ReplayError> {
+        let (vstart, vend, layout, page_size) =
+            (self.vstart, self.vend, self.layout, self.page_size);
+        let run = &mut self.run;
+        run.line = line;
         match rec {
             Record::Alloc(a) => {
                 run.due(a.ctx.ts_ns);
@@ -382,9 +430,14 @@ pub fn free_run<R: BufRead>(
             Record::Latency(l) => run.observed.latency(l.latency_ns),
             _ => {}
         }
+        Ok(())
     }
-    run.due(u64::MAX);
-    Ok(run.finish(opts, lazy_max))
+
+    /// Ends the purges still due and gives the prediction.
+    pub fn finish(mut self) -> WhatIf {
+        self.run.due(u64::MAX);
+        self.run.finish(&self.opts, self.lazy_max)
+    }
 }
 
 /// One lock class in one round of [`fit_costs`].
@@ -610,6 +663,8 @@ struct Run {
     purges: u64,
     purged_objects: u64,
     samples: Vec<Sample>,
+    /// Allocations are sampled every `64 * sample_stride`.
+    sample_stride: u64,
     purge_times: Vec<u64>,
     per_node: Vec<u64>,
     observed: ObservedAcc,
@@ -847,7 +902,7 @@ impl Run {
                 if let Some(n) = self.per_node.get_mut(node) {
                     *n += 1;
                 }
-                if self.allocs.is_multiple_of(64) {
+                if self.allocs.is_multiple_of(64 * self.sample_stride) {
                     self.sample(a.ctx.ts_ns);
                 }
             }
@@ -1153,7 +1208,17 @@ impl Run {
         got.npurged
     }
 
+    /// Keeps at most [`MAX_SAMPLES`]: when full, every other one goes and allocations are
+    /// sampled half as often, so memory stays flat however long the run.
     fn sample(&mut self, ts: u64) {
+        if self.samples.len() >= MAX_SAMPLES {
+            let mut i = 0;
+            self.samples.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+            self.sample_stride *= 2;
+        }
         self.samples.push(Sample {
             ts_ns: ts,
             high_water_bytes: self.high,

@@ -532,6 +532,23 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
             })
         }
     };
+    let params = params_for(&header, &snapshot, opts)?;
+    Ok(Opened {
+        reader,
+        header,
+        snapshot,
+        params,
+    })
+}
+
+/// The model's parameters for a trace with `header` and start `snapshot`, with the what-if
+/// overrides of `opts`: what [`open`] derives, for callers that have the records without a
+/// file (`vmtrace whatif` streams them from the generator).
+pub(crate) fn params_for(
+    header: &crate::trace::Header,
+    snapshot: &crate::trace::VmallocSnapshot,
+    opts: &ReplayOptions,
+) -> Result<Params, ReplayError> {
     if !snapshot.real_addresses {
         return Err(ReplayError::HashedSnapshot);
     }
@@ -553,7 +570,7 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
             .lazy_max_pages_tracepoint
             .unwrap_or(header.vmap.lazy_max_pages_computed),
     );
-    let params = Params {
+    Ok(Params {
         page_size,
         layout,
         lazy_max_pages: lazy_max,
@@ -562,12 +579,6 @@ pub(crate) fn open<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Opened<
         five_level: Params::five_level_base(vstart.0),
         decay: crate::model::DecayRule::for_release(&header.system.kernel_release),
         variant: opts.variant,
-    };
-    Ok(Opened {
-        reader,
-        header,
-        snapshot,
-        params,
     })
 }
 

@@ -72,7 +72,7 @@ pub struct SynthArgs {
     pub output: PathBuf,
 }
 
-fn parse_mask(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_mask(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),

@@ -87,6 +87,9 @@ pub enum SynthError {
     Model(#[from] ModelError),
     #[error("{0}")]
     Params(String),
+    /// The consumer of the records refused one (`vmtrace whatif`'s free-running models).
+    #[error("{0}")]
+    Sink(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// What was generated.
@@ -206,11 +209,38 @@ pub fn header(p: &SynthParams, tests: &[Test], command_line: Vec<String>) -> Hea
     }
 }
 
+/// Where the generator's records go: a trace writer for `vmtrace synth`, the free-running
+/// models for `vmtrace whatif`. Both see the same records in the same order.
+pub trait Sink {
+    fn put(&mut self, r: Record) -> Result<(), SynthError>;
+}
+
+impl<W: Write> Sink for TraceWriter<W> {
+    fn put(&mut self, r: Record) -> Result<(), SynthError> {
+        self.write(&r)?;
+        Ok(())
+    }
+}
+
 /// Generates one trace into `out`.
 pub fn generate<W: Write>(
     p: &SynthParams,
     command_line: Vec<String>,
     out: W,
+) -> Result<SynthSummary, SynthError> {
+    let mut w = TraceWriter::new(out);
+    let mut summary = stream(p, command_line, &mut w)?;
+    w.flush()?;
+    summary.lines = w.lines_written();
+    Ok(summary)
+}
+
+/// Generates one trace's records, header and start snapshot first and footer last, into
+/// `sink`. `lines` of the summary counts the records.
+pub fn stream<S: Sink>(
+    p: &SynthParams,
+    command_line: Vec<String>,
+    sink: &mut S,
 ) -> Result<SynthSummary, SynthError> {
     if p.threads == 0 || p.cpus == 0 {
         return Err(SynthError::Params(
@@ -219,9 +249,9 @@ pub fn generate<W: Write>(
     }
     let tests = Test::from_mask(p.mask);
     let mut g = Generator::new(p, &tests)?;
-    let mut w = TraceWriter::new(out);
-    w.write(&Record::Header(Box::new(header(p, &tests, command_line))))?;
-    w.write(&Record::Vmallocinfo(Box::new(VmallocSnapshot {
+    let mut w = Counted { sink, records: 0 };
+    w.put(Record::Header(Box::new(header(p, &tests, command_line))))?;
+    w.put(Record::Vmallocinfo(Box::new(VmallocSnapshot {
         ts_start_ns: T0_NS - 1000,
         ts_end_ns: T0_NS - 500,
         real_addresses: true,
@@ -242,12 +272,24 @@ pub fn generate<W: Write>(
         kernel_run_stats: None,
         ladder: None,
     };
-    w.write(&Record::Footer(Box::new(footer)))?;
-    w.flush()?;
+    w.put(Record::Footer(Box::new(footer)))?;
     g.summary.tests = tests.iter().map(|t| t.name()).collect();
     g.summary.duration_ns = end - T0_NS;
-    g.summary.lines = w.lines_written();
+    g.summary.lines = w.records;
     Ok(g.summary)
+}
+
+/// Counts what passes to the sink.
+struct Counted<'s, S> {
+    sink: &'s mut S,
+    records: u64,
+}
+
+impl<S: Sink> Sink for Counted<'_, S> {
+    fn put(&mut self, r: Record) -> Result<(), SynthError> {
+        self.records += 1;
+        self.sink.put(r)
+    }
 }
 
 struct Generator<'p> {
@@ -332,7 +374,7 @@ impl<'p> Generator<'p> {
         self.due.push(Reverse((at, self.seq, what)));
     }
 
-    fn run<W: Write>(&mut self, w: &mut TraceWriter<W>) -> Result<(), SynthError> {
+    fn run<S: Sink>(&mut self, w: &mut S) -> Result<(), SynthError> {
         while let Some(Reverse((at, _, what))) = self.due.pop() {
             match what {
                 Due::Cpu(cpu) => self.turn(cpu, w)?,
@@ -350,7 +392,7 @@ impl<'p> Generator<'p> {
     }
 
     /// One operation of the next worker on `cpu`, then the CPU's next turn.
-    fn turn<W: Write>(&mut self, cpu: u32, w: &mut TraceWriter<W>) -> Result<(), SynthError> {
+    fn turn<S: Sink>(&mut self, cpu: u32, w: &mut S) -> Result<(), SynthError> {
         let Some(wi) = self.runq[cpu as usize].pop_front() else {
             return Ok(());
         };
@@ -401,12 +443,12 @@ impl<'p> Generator<'p> {
     }
 
     /// Runs one operation at `now`; returns its cost.
-    fn execute<W: Write>(
+    fn execute<S: Sink>(
         &mut self,
         wi: usize,
         op: Op,
         now: u64,
-        w: &mut TraceWriter<W>,
+        w: &mut S,
     ) -> Result<u64, SynthError> {
         let costs = self.p.costs;
         let ctx = self.ctx(wi, now);
@@ -465,11 +507,11 @@ impl<'p> Generator<'p> {
     }
 
     /// `vb_alloc`: a bump allocation in this CPU's current block, a new block when it is full.
-    fn vb_alloc<W: Write>(
+    fn vb_alloc<S: Sink>(
         &mut self,
         ctx: &Ctx,
         pages: u64,
-        w: &mut TraceWriter<W>,
+        w: &mut S,
     ) -> Result<Option<u64>, SynthError> {
         let need = pages.next_power_of_two();
         if let Some(&b) = self.cur_block.get(&ctx.cpu) {
@@ -497,12 +539,12 @@ impl<'p> Generator<'p> {
     }
 
     /// `vb_free`: the pages become dirty; a block whose every page is dirty is freed lazily.
-    fn vb_free<W: Write>(
+    fn vb_free<S: Sink>(
         &mut self,
         ctx: Ctx,
         block: u64,
         pages: u64,
-        w: &mut TraceWriter<W>,
+        w: &mut S,
     ) -> Result<(), SynthError> {
         let Some(blk) = self.blocks.get_mut(&block) else {
             return Ok(());
@@ -521,13 +563,13 @@ impl<'p> Generator<'p> {
 
     /// `alloc_vmap_area` with the kernel's failure path: a failed attempt, a full purge, one
     /// retry. Returns the address, or `None` when the retry failed too.
-    fn alloc<W: Write>(
+    fn alloc<S: Sink>(
         &mut self,
         ctx: &Ctx,
         size: u64,
         align: u64,
         guard: bool,
-        w: &mut TraceWriter<W>,
+        w: &mut S,
     ) -> Result<Option<u64>, SynthError> {
         let mut req = AllocRequest {
             size,
@@ -570,12 +612,7 @@ impl<'p> Generator<'p> {
         Ok(None)
     }
 
-    fn free<W: Write>(
-        &mut self,
-        ctx: Ctx,
-        addr: u64,
-        w: &mut TraceWriter<W>,
-    ) -> Result<(), SynthError> {
+    fn free<S: Sink>(&mut self, ctx: Ctx, addr: u64, w: &mut S) -> Result<(), SynthError> {
         let got = self.model.free(addr)?;
         let lazy_max = self.model.params().lazy_max_pages;
         let (ts, cpu) = (ctx.ts_ns, ctx.cpu);
@@ -597,12 +634,12 @@ impl<'p> Generator<'p> {
         Ok(())
     }
 
-    fn purge<W: Write>(
+    fn purge<S: Sink>(
         &mut self,
         ts: u64,
         cpu: u32,
         full: bool,
-        w: &mut TraceWriter<W>,
+        w: &mut S,
     ) -> Result<(), SynthError> {
         let got = self.model.purge(full);
         let (start, end) = got.range.unwrap_or((u64::MAX, 0));
@@ -619,12 +656,11 @@ impl<'p> Generator<'p> {
         Ok(())
     }
 
-    fn emit<W: Write>(&mut self, w: &mut TraceWriter<W>, r: Record) -> Result<(), SynthError> {
+    fn emit<S: Sink>(&mut self, w: &mut S, r: Record) -> Result<(), SynthError> {
         if let Some(ts) = r.ts_ns() {
             self.last_ts = self.last_ts.max(ts);
         }
-        w.write(&r)?;
-        Ok(())
+        w.put(r)
     }
 }
 
