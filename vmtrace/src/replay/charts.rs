@@ -1292,8 +1292,15 @@ impl Draw for LineChart {
             .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..ymax)?;
         let log2 = self.log2_x;
         let x_label = move |v: &f64| if log2 { tick(&v.exp2()) } else { tick(v) };
+        // On a log2 axis, one label per power of two (the sweep's points are usually those).
+        let x_labels = if log2 {
+            ((x1 - x0).round() as usize + 1).clamp(2, 12)
+        } else {
+            10
+        };
         chart
             .configure_mesh()
+            .x_labels(x_labels)
             .x_desc(self.x_desc.as_str())
             .y_desc(self.y_desc.as_str())
             .x_label_formatter(&x_label)

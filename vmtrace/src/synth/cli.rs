@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::workload::{Shape, Test};
-use super::{generate, SynthParams};
+use super::{generate, module_scaled, SynthParams, MODULE_LOOPS};
 use crate::model::lazy_max_pages;
 
 /// Options of `vmtrace synth`.
@@ -129,9 +129,6 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The module's `test_loop_count`.
-const MODULE_LOOPS: u64 = 1_000_000;
-
 /// A warning when the setup bursts of full_fit and long_busy_list (which no vmap-node pool can
 /// serve) are most of the trace's allocations: `--loops` scales the loops down from the
 /// module's 1,000,000 but `--junk` and `--busy-list` default to the module's full sizes, so a
@@ -157,7 +154,7 @@ fn setup_note(p: &SynthParams) -> Option<String> {
         return None;
     }
     let module = share(&shape(MODULE_LOOPS, full_junk, 15000));
-    let scaled = |n: u64| (n * p.loops).div_ceil(MODULE_LOOPS).max(1);
+    let scaled = |n: u64| module_scaled(n, p.loops);
     let tests = Test::from_mask(p.mask);
     let mut flags = Vec::new();
     if tests.contains(&Test::FullFit) {

@@ -92,6 +92,16 @@ pub enum SynthError {
     Sink(Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// `lib/test_vmalloc.c`'s `test_loop_count`.
+pub const MODULE_LOOPS: u64 = 1_000_000;
+
+/// A setup size of the module (full_fit's junk pairs, long_busy_list's live areas) scaled
+/// from the module's 1,000,000 loops down to `loops`, at least 1: the scale at which a shorter
+/// run keeps the module's mix of setup bursts and looped allocations.
+pub fn module_scaled(n: u64, loops: u64) -> u64 {
+    (n.saturating_mul(loops.min(MODULE_LOOPS))).div_ceil(MODULE_LOOPS).max(1)
+}
+
 /// What was generated.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct SynthSummary {

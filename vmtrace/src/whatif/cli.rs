@@ -13,7 +13,10 @@ use super::{parallel, run_point, Point, Row, Sweep, TracePoint, WhatifError};
 use crate::model::Variant;
 use crate::replay::charts::{escape_html, write_line_chart, LineChart};
 use crate::replay::free_run::{free_run, FreeRunOptions};
-use crate::synth::SynthParams;
+use crate::synth::{module_scaled, SynthParams};
+
+/// long_busy_list_alloc_test's live areas in the module.
+const MODULE_BUSY_LIST: u64 = 15_000;
 
 /// Options of `vmtrace whatif`.
 #[derive(Debug, Args)]
@@ -57,13 +60,21 @@ pub struct WhatifArgs {
     #[arg(long, default_value_t = 1)]
     pub nr_pages: u64,
 
-    /// Scale-down of full_fit_alloc_test's junk pairs (default: lazy_max_pages, as the module).
+    /// full_fit_alloc_test's junk pairs per thread. Default: the module's (lazy_max_pages of
+    /// the point's CPUs) scaled by --loops / 1,000,000, so that a shorter run keeps the
+    /// module's mix of setup bursts and looped allocations (docs/whatif.md, "Setup sizes").
     #[arg(long, value_name = "N")]
     pub junk: Option<u64>,
 
-    /// Scale-down of long_busy_list_alloc_test's live areas (the module's 15000).
-    #[arg(long, value_name = "N", default_value_t = 15000)]
-    pub busy_list: u64,
+    /// long_busy_list_alloc_test's live areas. Default: the module's 15000 scaled like --junk.
+    #[arg(long, value_name = "N")]
+    pub busy_list: Option<u64>,
+
+    /// Keep the module's full setup sizes (junk = lazy_max_pages, 15000 busy areas) at any
+    /// --loops, as `vmtrace synth` does by default; below the module's loop count the setup
+    /// bursts then dominate the allocations.
+    #[arg(long, conflicts_with_all = ["junk", "busy_list"])]
+    pub module_sizes: bool,
 
     /// Allocator designs to compare (repeat): `nodes`, `nodes-capped`, `global`. Default: all.
     #[arg(long = "variant", value_name = "V", value_parser = crate::replay::cli::parse_variant)]
@@ -167,7 +178,11 @@ fn sweep_synthetic(
         nr_pages: args.nr_pages,
         seed: args.seed,
         junk: args.junk,
-        busy_list: args.busy_list,
+        busy_list: match (args.busy_list, args.module_sizes) {
+            (Some(n), _) => n,
+            (None, true) => MODULE_BUSY_LIST,
+            (None, false) => module_scaled(MODULE_BUSY_LIST, args.loops),
+        },
         ..SynthParams::default()
     };
     if let Some(c) = calibration {
@@ -189,7 +204,33 @@ fn sweep_synthetic(
         },
         variants: variants.to_vec(),
         free_run: fr.clone(),
+        scale_setup: !args.module_sizes,
     };
+    let junks: Vec<String> = sweep
+        .cpus
+        .iter()
+        .map(|&c| format!("{} at {c} CPUs", sweep.junk(c)))
+        .collect();
+    eprintln!(
+        "vmtrace whatif: {} loops; full_fit junk pairs per thread: {}; long_busy_list areas: {}{}",
+        args.loops,
+        junks.join(", "),
+        sweep.base.busy_list,
+        if args.module_sizes || args.junk.is_some() || args.busy_list.is_some() {
+            ""
+        } else {
+            " (the module's sizes scaled by loops / 1,000,000; --module-sizes keeps them whole)"
+        }
+    );
+    if let Some(c) = calibration {
+        let nodes: Vec<u32> = sweep.cpus.iter().map(|&c| c.clamp(1, 128)).collect();
+        if c.machine.vmap_nodes != 0 && nodes.iter().any(|&n| n != c.machine.vmap_nodes) {
+            eprintln!(
+                "vmtrace whatif: note: the costs were calibrated on a machine with {} vmap nodes ({} CPUs); drain and purge timing change with the nodes a purge walks, so predictions for other CPU counts carry that machine's timing",
+                c.machine.vmap_nodes, c.machine.possible_cpus
+            );
+        }
+    }
     let jobs = sweep.jobs();
     let total: u64 = jobs.iter().map(|(p, _)| sweep.expected_allocs(*p)).sum();
     let done = AtomicU64::new(0);

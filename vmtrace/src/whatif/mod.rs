@@ -15,7 +15,7 @@ use crate::model::{lazy_max_pages, Variant};
 use crate::replay::free_run::{FreeRunOptions, FreeRunner, WhatIf};
 use crate::replay::{params_for, ReplayError, ReplayOptions};
 use crate::synth::workload::{Shape, Test};
-use crate::synth::{stream, Sink, SynthError, SynthParams};
+use crate::synth::{module_scaled, stream, Sink, SynthError, SynthParams};
 use crate::trace::{Header, LockClass, Record};
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +125,10 @@ pub struct Sweep {
     pub cpus: Vec<u32>,
     pub variants: Vec<Variant>,
     pub free_run: FreeRunOptions,
+    /// When `base.junk` is not given, scale full_fit's junk pairs from the module's
+    /// (`lazy_max_pages` of the point's CPUs) down with the loops ([`module_scaled`]), so that
+    /// the point keeps the module's mix; `false`: the module's full size at any loop count.
+    pub scale_setup: bool,
 }
 
 impl Sweep {
@@ -149,10 +153,7 @@ impl Sweep {
         let shape = Shape {
             loops: self.base.loops,
             nr_pages: self.base.nr_pages,
-            junk: self
-                .base
-                .junk
-                .unwrap_or_else(|| lazy_max_pages(p.cpus, 4096)),
+            junk: self.junk(p.cpus),
             busy_list: self.base.busy_list,
             page_size: 4096,
         };
@@ -170,7 +171,18 @@ impl Sweep {
         SynthParams {
             threads: p.threads,
             cpus: p.cpus,
+            junk: Some(self.junk(p.cpus)),
             ..self.base.clone()
+        }
+    }
+
+    /// full_fit's junk pairs per thread on a machine of `cpus` CPUs.
+    pub fn junk(&self, cpus: u32) -> u64 {
+        let module = lazy_max_pages(cpus, 4096);
+        match self.base.junk {
+            Some(j) => j,
+            None if self.scale_setup => module_scaled(module, self.base.loops),
+            None => module,
         }
     }
 }
@@ -347,6 +359,7 @@ mod tests {
                 seed,
                 ..FreeRunOptions::default()
             },
+            scale_setup: true,
         }
     }
 
