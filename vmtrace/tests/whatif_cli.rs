@@ -78,7 +78,12 @@ fn rows_have_the_documented_fields_and_match_synth_then_replay() {
     }
     let order: Vec<(u64, &str)> = rows
         .iter()
-        .map(|r| (r["threads"].as_u64().unwrap(), r["variant"].as_str().unwrap()))
+        .map(|r| {
+            (
+                r["threads"].as_u64().unwrap(),
+                r["variant"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         order,
@@ -92,7 +97,11 @@ fn rows_have_the_documented_fields_and_match_synth_then_replay() {
     synth.extend(WORKLOAD);
     synth.extend(["-o", trace.to_str().unwrap()]);
     let out = vmtrace(&synth);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let replayed = common::vmtrace_json(
         &[
             "replay",
@@ -149,7 +158,11 @@ fn report_writes_charts_and_an_index() {
     ];
     args.extend(WORKLOAD);
     let out = vmtrace(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(table.lines().count(), 1 + 4, "header and 4 rows:\n{table}");
     for stem in [
@@ -159,7 +172,10 @@ fn report_writes_charts_and_an_index() {
     ] {
         for ext in ["svg", "png"] {
             let f = report.join(format!("{stem}.{ext}"));
-            assert!(f.metadata().map(|m| m.len() > 1000).unwrap_or(false), "{f:?}");
+            assert!(
+                f.metadata().map(|m| m.len() > 1000).unwrap_or(false),
+                "{f:?}"
+            );
         }
     }
     let index = std::fs::read_to_string(report.join("index.html")).unwrap();
@@ -188,7 +204,11 @@ fn a_recorded_trace_sweeps_over_cpus() {
         .iter()
         .map(|r| r["lazy_max_pages"].as_u64().unwrap())
         .collect();
-    assert_eq!(lazy, vec![16384, 40960], "fls(cpus) * 32 MiB of 4 KiB pages");
+    assert_eq!(
+        lazy,
+        vec![16384, 40960],
+        "fls(cpus) * 32 MiB of 4 KiB pages"
+    );
     assert_eq!(rows[0]["allocs"], rows[1]["allocs"]);
 }
 

@@ -37,3 +37,11 @@ impl LockCounts {
         }
     }
 }
+
+/// A per-node lock class, for the log of sections [`super::Model::log_locks`] keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeLock {
+    Busy,
+    Lazy,
+    Pool,
+}

@@ -32,7 +32,7 @@ const RELEASED_CAP: usize = 1 << 16;
 
 pub use free_space::{FitFailure, FitType, FreeSpace};
 pub use lazy::{lazy_max_pages, purge_helpers, LazyArea, LazyLists};
-pub use locks::LockCounts;
+pub use locks::{LockCounts, NodeLock};
 pub use nodes::NodeLayout;
 pub use pagetable::{PageTableSlots, SlotCounts};
 pub use pools::{pool_index, DecayRule, PoolLookup, Pools, MAX_VA_SIZE_PAGES};
@@ -355,6 +355,11 @@ pub struct Model {
     pools: Pools,
     slots: PageTableSlots,
     locks: LockCounts,
+    /// Per-node lock sections in the order they were entered, kept only when asked for
+    /// ([`Model::log_locks`]): free-running replay turns each operation's sections into
+    /// simulated ones, and finding them by comparing every node's count costs O(nodes) per
+    /// operation (most of the time at 128 nodes).
+    lock_log: Option<Vec<(NodeLock, u32)>>,
     stats: ModelStats,
     /// Scratch for pool decay, kept to avoid an allocation per purge.
     scratch: Vec<(u64, u64)>,
@@ -405,6 +410,7 @@ impl Model {
             pools: Pools::new(if pools { nodes } else { 0 }, params.page_size),
             slots: PageTableSlots::new(),
             locks: LockCounts::new(lazy_nodes as usize, pools),
+            lock_log: None,
             stats: ModelStats::default(),
             scratch: Vec::new(),
             free_seq: 0,
@@ -439,6 +445,31 @@ impl Model {
     }
     pub fn locks(&self) -> &LockCounts {
         &self.locks
+    }
+
+    /// Keeps a log of the per-node lock sections from now on ([`Model::take_lock_log`]).
+    pub fn log_locks(&mut self) {
+        self.lock_log.get_or_insert_with(Vec::new);
+    }
+
+    /// Appends the sections logged since the last call to `out`, oldest first.
+    pub fn take_lock_log(&mut self, out: &mut Vec<(NodeLock, u32)>) {
+        if let Some(log) = &mut self.lock_log {
+            out.append(log);
+        }
+    }
+
+    /// One critical section on `node`'s lock of kind `lock`.
+    fn enter(&mut self, lock: NodeLock, node: u32) {
+        let v = match lock {
+            NodeLock::Busy => &mut self.locks.busy,
+            NodeLock::Lazy => &mut self.locks.lazy,
+            NodeLock::Pool => &mut self.locks.pool,
+        };
+        LockCounts::bump(v, node);
+        if let Some(log) = &mut self.lock_log {
+            log.push((lock, node));
+        }
     }
     pub fn stats(&self) -> &ModelStats {
         &self.stats
@@ -527,11 +558,11 @@ impl Model {
             match self.pools.take_head(node, req.size, req.align) {
                 PoolLookup::Empty => {}
                 PoolLookup::Hit(addr) => {
-                    LockCounts::bump(&mut self.locks.pool, node);
+                    self.enter(NodeLock::Pool, node);
                     placement = Some((addr, Placement::Pool));
                 }
                 PoolLookup::Rotated => {
-                    LockCounts::bump(&mut self.locks.pool, node);
+                    self.enter(NodeLock::Pool, node);
                     rotated = true;
                     self.stats.pool_rotations += 1;
                 }
@@ -591,7 +622,7 @@ impl Model {
             },
         );
         let bn = self.busy_node(addr);
-        LockCounts::bump(&mut self.locks.busy, bn);
+        self.enter(NodeLock::Busy, bn);
         let mapped_end = addr + req.size - if req.guard { self.params.page_size } else { 0 };
         let new_tables = self.slots.map(addr, mapped_end);
         self.locks.page_table_lock += u64::from(new_tables);
@@ -730,10 +761,10 @@ impl Model {
             .ok_or(ModelError::UnknownAddress { addr })?;
         let bn = self.busy_node(addr);
         for _ in 0..self.params.layout.lookup_locks(addr) {
-            LockCounts::bump(&mut self.locks.busy, bn);
+            self.enter(NodeLock::Busy, bn);
         }
         let node = self.lazy_node(addr, area.tag);
-        LockCounts::bump(&mut self.locks.lazy, node);
+        self.enter(NodeLock::Lazy, node);
         let seq = self.next_seq();
         let nr_lazy = self.lazy.insert(
             node,
@@ -1299,7 +1330,7 @@ impl Model {
         }
         let non_empty = self.pools.decay(node, full, self.params.decay, out);
         for _ in 0..2 * non_empty {
-            LockCounts::bump(&mut self.locks.pool, node);
+            self.enter(NodeLock::Pool, node);
         }
     }
 
@@ -1334,7 +1365,7 @@ impl Model {
         // The detach of every lazy tree: each node's batch is fixed here.
         let mut batch_pages = vec![0; lazy_nodes as usize];
         for node in 0..lazy_nodes {
-            LockCounts::bump(&mut self.locks.lazy, node);
+            self.enter(NodeLock::Lazy, node);
             batch_pages[node as usize] =
                 self.lazy.pages_before(node, cutoff, self.params.page_size);
         }
@@ -1554,7 +1585,7 @@ impl Model {
             return false;
         }
         if self.pools.push_head(node, addr, area.size) {
-            LockCounts::bump(&mut self.locks.pool, node);
+            self.enter(NodeLock::Pool, node);
             true
         } else {
             false

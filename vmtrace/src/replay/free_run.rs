@@ -15,7 +15,9 @@ use std::io::BufRead;
 use serde::Serialize;
 
 use super::{ReplayError, ReplayOptions, Replayer};
-use crate::model::{AllocRequest, LockCounts, Model, PurgeInProgress, SlotCounts, Variant};
+use crate::model::{
+    AllocRequest, LockCounts, Model, NodeLock, PurgeInProgress, SlotCounts, Variant,
+};
 use crate::sim::calibration::{Calibration, DrainLatency, FollowUp, HoldTail};
 use crate::sim::des::{class_index, Des, LockRef, Op, OpKind, Step, WaitSample};
 use crate::sim::timing::{ClassWait, Costs, Observed, ObservedAcc};
@@ -322,9 +324,13 @@ impl FreeRunner {
                 tails[i] = *t;
             }
         }
+        let mut model = seeder.model;
+        model.log_locks();
         let run = Run {
             prev,
-            model: seeder.model,
+            log: Vec::new(),
+            pending: Default::default(),
+            model,
             costs: fr.costs,
             tails,
             // The measured distribution is the default workqueue's; `nodes-capped` queues on the
@@ -645,8 +651,12 @@ struct Run {
     follow_up_purges: u64,
     des: Des,
     locks: LockIds,
-    /// Lock counts after the last operation, to find the sections the next one entered.
+    /// Global lock counts after the last operation, to find the sections the next one entered.
     prev: LockCounts,
+    /// The model's per-node lock log, read in batches, and its sections by [`NodeLock`] not
+    /// yet turned into simulated ones.
+    log: Vec<(NodeLock, u32)>,
+    pending: [Vec<u32>; 3],
     latency: u64,
     /// Observed address → the model's address for the same area.
     map: HashMap<u64, u64>,
@@ -739,16 +749,6 @@ impl TraceView {
     }
 }
 
-/// Sections of one class entered since the last look: `(instance, count)`.
-fn diff(before: &[u64], after: &[u64], out: &mut Vec<(usize, u64)>) {
-    out.clear();
-    for (i, (&x, &y)) in before.iter().zip(after).enumerate() {
-        if y > x {
-            out.push((i, y - x));
-        }
-    }
-}
-
 impl Run {
     fn tick(&mut self, ts: u64, cpu: u32) {
         self.first_ts.get_or_insert(ts);
@@ -813,19 +813,25 @@ impl Run {
                 self.prev.page_table_lock = after.page_table_lock;
             }
             LockClass::NodeBusyLock | LockClass::NodeLazyLock | LockClass::NodePoolLock => {
-                let (b, a, ids) = match class {
-                    LockClass::NodeBusyLock => (&mut self.prev.busy, &after.busy, &self.locks.busy),
-                    LockClass::NodeLazyLock => (&mut self.prev.lazy, &after.lazy, &self.locks.lazy),
-                    _ => (&mut self.prev.pool, &after.pool, &self.locks.pool),
+                let (k, ids) = match class {
+                    LockClass::NodeBusyLock => (NodeLock::Busy, &self.locks.busy),
+                    LockClass::NodeLazyLock => (NodeLock::Lazy, &self.locks.lazy),
+                    _ => (NodeLock::Pool, &self.locks.pool),
                 };
-                let mut d = Vec::new();
-                diff(b, a, &mut d);
-                for &(i, n) in &d {
-                    if let Some(&lock) = ids.get(i) {
-                        push(steps, lock, n, c.section_ns(class));
+                self.model.take_lock_log(&mut self.log);
+                for &(lock, node) in &self.log {
+                    self.pending[lock as usize].push(node);
+                }
+                self.log.clear();
+                // In node order, as a comparison of per-node counts would find them.
+                let nodes = &mut self.pending[k as usize];
+                nodes.sort_unstable();
+                for &node in nodes.iter() {
+                    if let Some(&lock) = ids.get(node as usize) {
+                        push(steps, lock, 1, c.section_ns(class));
                     }
                 }
-                b.clone_from(a);
+                nodes.clear();
             }
             LockClass::PurgeMutex | LockClass::Other => {}
         }
@@ -970,7 +976,22 @@ impl Run {
     /// Anything the model entered that no operation claimed (none expected) is dropped, so
     /// that it cannot be charged to the next operation.
     fn sync_prev(&mut self) {
-        self.prev.clone_from(self.model.locks());
+        let now = self.model.locks();
+        self.prev.free_vmap_area_lock = now.free_vmap_area_lock;
+        self.prev.page_table_lock = now.page_table_lock;
+        self.pull_log();
+        for p in &mut self.pending {
+            p.clear();
+        }
+    }
+
+    /// Moves the model's logged per-node sections to `pending`, by class.
+    fn pull_log(&mut self) {
+        self.model.take_lock_log(&mut self.log);
+        for &(lock, node) in &self.log {
+            self.pending[lock as usize].push(node);
+        }
+        self.log.clear();
     }
 
     fn warn(&mut self, message: String) -> Result<(), ReplayError> {
@@ -1116,7 +1137,6 @@ impl Run {
         let pool_nodes = self.locks.pool.len();
         self.sync_prev();
         let got = self.model.purge_finish(p);
-        let after = self.model.locks();
         let lazy_nodes = self.locks.lazy.len();
         let mut purged = vec![0u64; lazy_nodes];
         for b in &got.batch {
@@ -1124,9 +1144,13 @@ impl Run {
                 *n += 1;
             }
         }
-        let pooled: Vec<u64> = (0..pool_nodes)
-            .map(|n| after.pool[n].saturating_sub(self.prev.pool[n]))
-            .collect();
+        self.pull_log();
+        let mut pooled = vec![0u64; pool_nodes];
+        for &node in &self.pending[NodeLock::Pool as usize] {
+            if let Some(n) = pooled.get_mut(node as usize) {
+                *n += 1;
+            }
+        }
         steps.push(Step::Acquire(self.locks.purge));
         for n in 0..lazy_nodes.max(pool_nodes) {
             if let Some(&lock) = self.locks.pool.get(n) {

@@ -99,7 +99,9 @@ pub const MODULE_LOOPS: u64 = 1_000_000;
 /// from the module's 1,000,000 loops down to `loops`, at least 1: the scale at which a shorter
 /// run keeps the module's mix of setup bursts and looped allocations.
 pub fn module_scaled(n: u64, loops: u64) -> u64 {
-    (n.saturating_mul(loops.min(MODULE_LOOPS))).div_ceil(MODULE_LOOPS).max(1)
+    (n.saturating_mul(loops.min(MODULE_LOOPS)))
+        .div_ceil(MODULE_LOOPS)
+        .max(1)
 }
 
 /// What was generated.
