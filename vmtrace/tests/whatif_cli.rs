@@ -213,6 +213,55 @@ fn a_recorded_trace_sweeps_over_cpus() {
 }
 
 #[test]
+fn several_seeds_give_means_and_their_spread() {
+    let mut args = vec![
+        "whatif",
+        "--threads",
+        "4",
+        "--cpus",
+        "4",
+        "--variant",
+        "nodes",
+        "--seeds",
+        "3",
+        "--json",
+    ];
+    args.extend(WORKLOAD);
+    let rows = json_of(&args);
+    let r = &rows.as_array().unwrap()[0];
+    assert_eq!(r["seeds"], 3);
+    for field in [
+        "page_table_pages",
+        "lock_wait_share",
+        "throughput_ops_per_s",
+    ] {
+        let (lo, hi) = (
+            r["spread"][field]["min"].as_f64().unwrap(),
+            r["spread"][field]["max"].as_f64().unwrap(),
+        );
+        let mean = r[field].as_f64().unwrap();
+        assert!(
+            lo <= mean + 0.5 && mean <= hi + 0.5,
+            "{field}: {mean} outside {lo}..{hi}"
+        );
+    }
+    let mut one = vec![
+        "whatif",
+        "--threads",
+        "4",
+        "--cpus",
+        "4",
+        "--variant",
+        "nodes",
+        "--json",
+    ];
+    one.extend(WORKLOAD);
+    let single = json_of(&one);
+    assert!(single[0].get("spread").is_none(), "one seed has no spread");
+    assert_eq!(single[0]["seeds"], 1);
+}
+
+#[test]
 fn bad_options_are_refused_clearly() {
     let out = vmtrace(&["whatif", "--threads", "0"]);
     assert!(!out.status.success());

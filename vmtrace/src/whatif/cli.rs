@@ -94,6 +94,13 @@ pub struct WhatifArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// Run every point with this many seeds (--seed, --seed + 1, …) and give the mean, with
+    /// the lowest and highest value of the main figures (page-table counts move a lot from
+    /// seed to seed; docs/whatif.md, "Loop count"). With --trace only the simulation's
+    /// samples change.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub seeds: u32,
+
     /// Replay this recorded trace instead of a synthetic workload, over --cpus or --nodes.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -143,7 +150,7 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render_table(&rows));
     }
-    let allocs: u64 = rows.iter().map(|r| r.allocs).sum();
+    let allocs: u64 = rows.iter().map(|r| r.allocs * u64::from(r.seeds)).sum();
     eprintln!(
         "vmtrace whatif: {} rows, {} allocations replayed in {:.1} s ({:.2} M allocations/s on {} worker threads)",
         rows.len(),
@@ -231,28 +238,45 @@ fn sweep_synthetic(
             );
         }
     }
-    let jobs = sweep.jobs();
-    let total: u64 = jobs.iter().map(|(p, _)| sweep.expected_allocs(*p)).sum();
+    let seeds: Vec<u64> = (0..u64::from(args.seeds))
+        .map(|i| args.seed.wrapping_add(i))
+        .collect();
+    let sweeps: Vec<Sweep> = seeds.iter().map(|&s| sweep.with_seed(s)).collect();
+    let jobs: Vec<(Point, Variant, usize)> = sweep
+        .jobs()
+        .into_iter()
+        .flat_map(|(p, v)| (0..sweeps.len()).map(move |i| (p, v, i)))
+        .collect();
+    let total: u64 = jobs.iter().map(|(p, _, _)| sweep.expected_allocs(*p)).sum();
     let done = AtomicU64::new(0);
     let results = with_progress(total, &done, || {
-        parallel(&jobs, workers, |&(p, v)| {
-            run_point(&sweep, p, v, &done).map(|w| Row::new(Some(p.threads), p.cpus, &w))
+        parallel(&jobs, workers, |&(p, v, i)| {
+            run_point(&sweeps[i], p, v, &done).map(|w| Row::new(Some(p.threads), p.cpus, &w))
         })
     });
-    let mut rows = results
+    let rows = results
         .into_iter()
         .collect::<Result<Vec<_>, WhatifError>>()?;
     let order = |v: Variant| variants.iter().position(|&x| x == v);
-    rows.sort_by_key(|r| {
-        (
+    Ok(mean_per_point(rows.into_iter().map(|r| {
+        let key = (
             Point {
                 cpus: r.cpus,
                 threads: r.threads.unwrap_or(0),
             },
             order(r.variant),
-        )
-    });
-    Ok(rows)
+        );
+        (key, r)
+    })))
+}
+
+/// One row per key (point and variant), the mean over its seeds, in key order.
+fn mean_per_point<K: Ord>(rows: impl Iterator<Item = (K, Row)>) -> Vec<Row> {
+    let mut groups: std::collections::BTreeMap<K, Vec<Row>> = std::collections::BTreeMap::new();
+    for (k, r) in rows {
+        groups.entry(k).or_default().push(r);
+    }
+    groups.values().filter_map(|g| Row::mean(g)).collect()
 }
 
 fn sweep_trace(
@@ -271,26 +295,40 @@ fn sweep_trace(
     if points.is_empty() {
         points.push(TracePoint::AsRecorded);
     }
-    let jobs: Vec<(TracePoint, Variant)> = points
-        .iter()
-        .flat_map(|&p| variants.iter().map(move |&v| (p, v)))
+    let seeds = u64::from(args.seeds);
+    let jobs: Vec<(usize, Variant, u64)> = (0..points.len())
+        .flat_map(|p| variants.iter().map(move |&v| (p, v)))
+        .flat_map(|(p, v)| (0..seeds).map(move |i| (p, v, i)))
         .collect();
     let recorded_cpus = header.system.possible_cpus;
-    let results = parallel(&jobs, workers, |&(p, v)| -> anyhow::Result<Row> {
-        let w = free_run(open(trace)?, &p.options(v, page), fr).map_err(|source| {
-            WhatifError::Trace {
-                what: format!("{} on {}", trace.display(), p.describe()),
-                variant: v.name(),
-                source,
-            }
-        })?;
-        let cpus = match p {
-            TracePoint::Cpus(c) => c,
-            _ => recorded_cpus,
-        };
-        Ok(Row::new(None, cpus, &w))
-    });
-    results.into_iter().collect()
+    let results = parallel(
+        &jobs,
+        workers,
+        |&(pi, v, i)| -> anyhow::Result<(usize, Row)> {
+            let p = points[pi];
+            let fr = FreeRunOptions {
+                seed: args.seed.wrapping_add(i),
+                ..fr.clone()
+            };
+            let w = free_run(open(trace)?, &p.options(v, page), &fr).map_err(|source| {
+                WhatifError::Trace {
+                    what: format!("{} on {}", trace.display(), p.describe()),
+                    variant: v.name(),
+                    source,
+                }
+            })?;
+            let cpus = match p {
+                TracePoint::Cpus(c) => c,
+                _ => recorded_cpus,
+            };
+            Ok((pi, Row::new(None, cpus, &w)))
+        },
+    );
+    let rows = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let order = |v: Variant| variants.iter().position(|&x| x == v);
+    Ok(mean_per_point(
+        rows.into_iter().map(|(pi, r)| ((pi, order(r.variant)), r)),
+    ))
 }
 
 fn open(path: &std::path::Path) -> anyhow::Result<Box<dyn std::io::BufRead + Send>> {
@@ -327,46 +365,85 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 20)
 }
 
-/// The sweep as a text table, one row per (point, variant).
+/// The sweep as a text table, one row per (point, variant); with several seeds, the range of
+/// page-table pages and lock-wait share over them beside the means.
 pub fn render_table(rows: &[Row]) -> String {
+    let spread = rows.iter().any(|r| r.spread.is_some());
     let mut s = String::new();
+    if let Some(r) = rows.iter().find(|r| r.seeds > 1) {
+        let _ = writeln!(
+            s,
+            "means over {} seeds; [lowest-highest] beside them",
+            r.seeds
+        );
+    }
+    let _ = write!(
+        s,
+        "{:>7} {:>5} {:<12} {:>9} {:>8} {:>6} ",
+        "threads", "cpus", "variant", "PT pages", "PTE", "PMD"
+    );
+    if spread {
+        let _ = write!(s, "{:>13} ", "[PT range]");
+    }
+    let _ = write!(
+        s,
+        "{:>10} {:>7} {:>8} {:>6} {:>7} ",
+        "VA MiB", "purges", "npurged", "pool%", "wait%"
+    );
+    if spread {
+        let _ = write!(s, "{:>13} ", "[wait% range]");
+    }
     let _ = writeln!(
         s,
-        "{:>7} {:>5} {:<12} {:>9} {:>8} {:>6} {:>10} {:>7} {:>8} {:>6} {:>7}  {:<22} {:>9} {:>10}",
-        "threads",
-        "cpus",
-        "variant",
-        "PT pages",
-        "PTE",
-        "PMD",
-        "VA MiB",
-        "purges",
-        "npurged",
-        "pool%",
-        "wait%",
-        "top wait class",
-        "Mops/s",
-        "makespan"
+        " {:<22} {:>9} {:>10}",
+        "top wait class", "Mops/s", "makespan"
     );
     for r in rows {
         let top = match r.top_wait_class {
             Some(c) => format!("{} ({:.0} %)", c.name(), 100.0 * r.top_wait_class_share),
             None => "-".into(),
         };
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "{:>7} {:>5} {:<12} {:>9} {:>8} {:>6} {:>10.1} {:>7} {:>8.0} {:>6.1} {:>7.2}  {:<22} {:>9.3} {:>8.1}ms",
+            "{:>7} {:>5} {:<12} {:>9} {:>8} {:>6} ",
             r.threads.map_or("trace".into(), |t| t.to_string()),
             r.cpus,
             r.variant.name(),
             r.page_table_pages,
             r.pte_pages,
             r.pmd_pages,
+        );
+        if spread {
+            let range = r.spread.as_ref().map_or(String::new(), |sp| {
+                format!(
+                    "[{:.0}-{:.0}]",
+                    sp.page_table_pages.min, sp.page_table_pages.max
+                )
+            });
+            let _ = write!(s, "{range:>13} ");
+        }
+        let _ = write!(
+            s,
+            "{:>10.1} {:>7} {:>8.0} {:>6.1} {:>7.2} ",
             mib(r.high_water_bytes),
             r.purges,
             r.npurged_mean,
             100.0 * r.pool_hit_share,
             100.0 * r.lock_wait_share,
+        );
+        if spread {
+            let range = r.spread.as_ref().map_or(String::new(), |sp| {
+                format!(
+                    "[{:.1}-{:.1}]",
+                    100.0 * sp.lock_wait_share.min,
+                    100.0 * sp.lock_wait_share.max
+                )
+            });
+            let _ = write!(s, "{range:>13} ");
+        }
+        let _ = writeln!(
+            s,
+            " {:<22} {:>9.3} {:>8.1}ms",
             top,
             r.throughput_ops_per_s / 1e6,
             r.makespan_ns as f64 / 1e6

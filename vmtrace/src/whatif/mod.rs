@@ -78,9 +78,104 @@ pub struct Row {
     pub top_wait_class_share: f64,
     pub throughput_ops_per_s: f64,
     pub makespan_ns: u64,
+    /// Seeds the row is the mean of (`--seeds`): each seed is another workload (random sizes,
+    /// test orders) and other simulation samples.
+    pub seeds: u32,
+    /// The lowest and highest value over the seeds, when there were several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+}
+
+/// The lowest and highest of a figure over a point's seeds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Range {
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Range {
+    fn of(v: impl Iterator<Item = f64>) -> Self {
+        v.fold(
+            Range {
+                min: f64::INFINITY,
+                max: f64::NEG_INFINITY,
+            },
+            |r, x| Range {
+                min: r.min.min(x),
+                max: r.max.max(x),
+            },
+        )
+    }
+}
+
+/// How far the seeds of one point and variant spread: page-table counts in particular move a
+/// lot from seed to seed (a few areas placed high set them), so one seed's figure is a sample.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    pub page_table_pages: Range,
+    pub high_water_bytes: Range,
+    pub purges: Range,
+    pub pool_hit_share: Range,
+    pub lock_wait_share: Range,
+    pub throughput_ops_per_s: Range,
 }
 
 impl Row {
+    /// The mean of `rows` (one point and variant, one row per seed; at least one), with their
+    /// spread when there are several. Counts are rounded to the nearest; the top wait class is
+    /// the one most rows name.
+    pub fn mean(rows: &[Row]) -> Option<Row> {
+        let first = rows.first()?;
+        if rows.len() == 1 {
+            return Some(first.clone());
+        }
+        let n = rows.len() as f64;
+        let f = |g: &dyn Fn(&Row) -> f64| rows.iter().map(g).sum::<f64>() / n;
+        let u = |g: &dyn Fn(&Row) -> u64| {
+            (rows.iter().map(|r| g(r) as f64).sum::<f64>() / n).round() as u64
+        };
+        let range = |g: &dyn Fn(&Row) -> f64| Range::of(rows.iter().map(g));
+        let top = rows
+            .iter()
+            .map(|r| r.top_wait_class)
+            .max_by_key(|c| rows.iter().filter(|r| r.top_wait_class == *c).count())
+            .flatten();
+        let with_top: Vec<&Row> = rows.iter().filter(|r| r.top_wait_class == top).collect();
+        Some(Row {
+            threads: first.threads,
+            cpus: first.cpus,
+            variant: first.variant,
+            nodes: first.nodes,
+            lazy_max_pages: first.lazy_max_pages,
+            allocs: u(&|r| r.allocs),
+            frees: u(&|r| r.frees),
+            alloc_failures: u(&|r| r.alloc_failures),
+            page_table_pages: u(&|r| r.page_table_pages),
+            pte_pages: u(&|r| r.pte_pages),
+            pmd_pages: u(&|r| r.pmd_pages),
+            pud_pages: u(&|r| r.pud_pages),
+            high_water_bytes: u(&|r| r.high_water_bytes),
+            purges: u(&|r| r.purges),
+            npurged_mean: f(&|r| r.npurged_mean),
+            pool_hit_share: f(&|r| r.pool_hit_share),
+            lock_wait_share: f(&|r| r.lock_wait_share),
+            top_wait_class: top,
+            top_wait_class_share: with_top.iter().map(|r| r.top_wait_class_share).sum::<f64>()
+                / with_top.len().max(1) as f64,
+            throughput_ops_per_s: f(&|r| r.throughput_ops_per_s),
+            makespan_ns: u(&|r| r.makespan_ns),
+            seeds: rows.iter().map(|r| r.seeds).sum(),
+            spread: Some(Spread {
+                page_table_pages: range(&|r| r.page_table_pages as f64),
+                high_water_bytes: range(&|r| r.high_water_bytes as f64),
+                purges: range(&|r| r.purges as f64),
+                pool_hit_share: range(&|r| r.pool_hit_share),
+                lock_wait_share: range(&|r| r.lock_wait_share),
+                throughput_ops_per_s: range(&|r| r.throughput_ops_per_s),
+            }),
+        })
+    }
+
     pub fn new(threads: Option<u32>, cpus: u32, w: &WhatIf) -> Self {
         let top = w
             .lock_waits
@@ -113,6 +208,8 @@ impl Row {
             top_wait_class_share: top.map_or(0.0, |c| c.wait_ns as f64 / w.wait_ns.max(1) as f64),
             throughput_ops_per_s: w.throughput_ops_per_s,
             makespan_ns: w.makespan_ns,
+            seeds: 1,
+            spread: None,
         }
     }
 }
@@ -165,6 +262,14 @@ impl Sweep {
             })
             .sum();
         per_thread * u64::from(p.threads)
+    }
+
+    /// The same sweep with another seed, for the workload and the simulation alike.
+    pub fn with_seed(&self, seed: u64) -> Sweep {
+        let mut s = self.clone();
+        s.base.seed = seed;
+        s.free_run.seed = seed;
+        s
     }
 
     pub fn params(&self, p: Point) -> SynthParams {
@@ -415,6 +520,43 @@ mod tests {
             let out = parallel(&jobs, workers, |&j| j * j);
             assert_eq!(out, jobs.iter().map(|j| j * j).collect::<Vec<_>>());
         }
+    }
+
+    /// The mean of several seeds' rows keeps each figure between its lowest and highest, and
+    /// says how far they spread; one row is its own mean.
+    #[test]
+    fn the_mean_over_seeds_carries_the_spread() {
+        let s = sweep(1, vec![Variant::Nodes]);
+        let p = Point {
+            cpus: 4,
+            threads: 3,
+        };
+        let progress = AtomicU64::new(0);
+        let rows: Vec<Row> = (1..4)
+            .map(|seed| {
+                let w = run_point(&s.with_seed(seed), p, Variant::Nodes, &progress).unwrap();
+                Row::new(Some(3), 4, &w)
+            })
+            .collect();
+        let one = Row::mean(&rows[..1]).unwrap();
+        assert_eq!(one.page_table_pages, rows[0].page_table_pages);
+        assert!(one.spread.is_none());
+        let m = Row::mean(&rows).unwrap();
+        assert_eq!(m.seeds, 3);
+        let spread = m.spread.clone().unwrap();
+        for (v, r) in [
+            (m.page_table_pages as f64, spread.page_table_pages),
+            (m.lock_wait_share, spread.lock_wait_share),
+            (m.pool_hit_share, spread.pool_hit_share),
+            (m.throughput_ops_per_s, spread.throughput_ops_per_s),
+        ] {
+            assert!(r.min <= v + 0.5 && v <= r.max + 0.5, "{v} outside {r:?}");
+        }
+        assert!(
+            spread.throughput_ops_per_s.max > spread.throughput_ops_per_s.min,
+            "three seeds, three workloads: {spread:?}"
+        );
+        assert!(Row::mean(&[]).is_none());
     }
 
     /// Jobs run largest first, and the expected allocation count follows the threads.
