@@ -40,9 +40,9 @@ pub struct WhatifArgs {
     #[arg(long, value_delimiter = ',', default_value = "64,128,256", value_parser = clap::value_parser!(u32).range(1..=65535), conflicts_with = "trace")]
     pub threads: Vec<u32>,
 
-    /// CPUs of the imagined machine, comma-separated: the vmap nodes, zone size and
-    /// lazy_max_pages follow the kernel's rules. With --trace: the machine to replay the
-    /// recording on (its tasks keep their recorded CPUs).
+    /// CPUs of the imagined machine, comma-separated (default 128): the vmap nodes, zone size
+    /// and lazy_max_pages follow the kernel's rules. With --trace: the machines to replay the
+    /// recording on (its tasks keep their recorded CPUs; default: as recorded).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=8192))]
     pub cpus: Vec<u32>,
 
@@ -51,8 +51,9 @@ pub struct WhatifArgs {
     #[arg(long, value_delimiter = ',', requires = "trace", value_parser = clap::value_parser!(u32).range(1..=128))]
     pub nodes: Vec<u32>,
 
-    /// Iterations of each test's loop (test_loop_count). The default is where the figures
-    /// settle (docs/whatif.md, "Loop count"); the module's own is 1,000,000.
+    /// Iterations of each test's loop (test_loop_count; the module's own is 1,000,000). By the
+    /// default purges, and mask 7's pool and lock figures, have settled; mask 127's need about
+    /// 10,000 (docs/whatif.md, "Loop count").
     #[arg(long, default_value_t = DEFAULT_LOOPS)]
     pub loops: u64,
 
