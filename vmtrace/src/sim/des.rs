@@ -698,6 +698,13 @@ impl Des {
         let Some(p) = self.actors[a].pending.pop_front() else {
             return false;
         };
+        // A queue keeps its largest capacity, and which CPUs lag furthest behind the input
+        // changes over a run, so without this the queues' capacities together grew with the
+        // events although their lengths together stay under the pending cap.
+        let queue = &mut self.actors[a].pending;
+        if queue.capacity() > 1024 && queue.len() < queue.capacity() / 4 {
+            queue.shrink_to(queue.capacity() / 2);
+        }
         let parent = self.actors[a].parents.pop_front();
         if self.actors[a].kind != ActorKind::Helper {
             self.pending_ops -= 1;
