@@ -9,7 +9,11 @@
 //! A plain `harness = false` binary: one case runs for seconds, so criterion's resampling
 //! would only add minutes.
 
+mod common;
+
 use std::sync::atomic::AtomicU64;
+
+use common::thread_cpu_seconds;
 
 use vmtrace::model::Variant;
 use vmtrace::replay::FreeRunOptions;
@@ -27,19 +31,6 @@ impl Sink for Count {
         }
         Ok(())
     }
-}
-
-fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return f64::NAN;
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn main() {

@@ -212,8 +212,8 @@ fn a_recorded_trace_sweeps_over_cpus() {
     assert_eq!(rows[0]["allocs"], rows[1]["allocs"]);
 }
 
-#[test]
-fn several_seeds_give_means_and_their_spread() {
+/// `vmtrace whatif` at one 4-thread, 4-CPU point of [`WORKLOAD`], variant `nodes`, as JSON.
+fn one_point(extra: &[&str]) -> Value {
     let mut args = vec![
         "whatif",
         "--threads",
@@ -222,12 +222,16 @@ fn several_seeds_give_means_and_their_spread() {
         "4",
         "--variant",
         "nodes",
-        "--seeds",
-        "3",
         "--json",
     ];
+    args.extend(extra);
     args.extend(WORKLOAD);
-    let rows = json_of(&args);
+    json_of(&args)
+}
+
+#[test]
+fn several_seeds_give_means_and_their_spread() {
+    let rows = one_point(&["--seeds", "3"]);
     let r = &rows.as_array().unwrap()[0];
     assert_eq!(r["seeds"], 3);
     for field in [
@@ -245,18 +249,7 @@ fn several_seeds_give_means_and_their_spread() {
             "{field}: {mean} outside {lo}..{hi}"
         );
     }
-    let mut one = vec![
-        "whatif",
-        "--threads",
-        "4",
-        "--cpus",
-        "4",
-        "--variant",
-        "nodes",
-        "--json",
-    ];
-    one.extend(WORKLOAD);
-    let single = json_of(&one);
+    let single = one_point(&[]);
     assert!(single[0].get("spread").is_none(), "one seed has no spread");
     assert_eq!(single[0]["seeds"], 1);
 }
