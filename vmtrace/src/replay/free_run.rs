@@ -272,7 +272,7 @@ pub fn free_run<R: BufRead>(
 
 /// Free-running replay fed one record at a time, for callers that have records without a
 /// file: `vmtrace whatif` streams them from the synthetic generator into one runner per
-/// variant, so a sweep point needs no trace on disk and no memory per event.
+/// variant, so a sweep point needs no trace on disk.
 pub struct FreeRunner {
     run: Run,
     opts: ReplayOptions,
