@@ -65,6 +65,10 @@ pub mod contention {
     /// verdict to the stamp, the vmap-frame walk and the stack-id store. The wait began that
     /// much before `BEGIN_NS`.
     pub const PROBE_NS: usize = 7;
+    /// [`STACK_ID`] of a wait on a lock user space already knows as a vmap lock
+    /// (`KNOWN_LOCKS`): the program took no stack, so the waiter lost no time to the probe's
+    /// walk. No errno is this value.
+    pub const STACK_NOT_WALKED: i64 = i64::MIN;
     /// `LCB_F_*` bits of `include/trace/events/lock.h`.
     pub const F_SPIN: u64 = 1 << 0;
     pub const F_MUTEX: u64 = 1 << 5;
@@ -175,6 +179,9 @@ pub mod counter {
     pub const PAGE_STACK_WALKS: u32 = 4;
     /// Work items of the vmap functions whose start was not seen (attached mid-item).
     pub const WORK_UNMATCHED_END: u32 = 5;
+    /// Contentions kept without a stack walk, because user space had marked the lock's
+    /// address as a vmap lock (`KNOWN_LOCKS`).
+    pub const CONTENTION_KNOWN: u32 = 6;
     pub const COUNT: u32 = 8;
 }
 
@@ -271,6 +278,9 @@ pub mod names {
     pub const WQ_END_LAYOUT: &str = "WQ_END_LAYOUT";
     pub const PAGE_ALLOC_LAYOUT: &str = "PAGE_ALLOC_LAYOUT";
     pub const LOCK_RANGES: &str = "LOCK_RANGES";
+    /// Lock addresses user space classified as vmap locks from enough walked stacks: a wait on
+    /// one of them is kept without the walk.
+    pub const KNOWN_LOCKS: &str = "KNOWN_LOCKS";
     pub const SELF_RANGES: &str = "SELF_RANGES";
     pub const PT_ALLOC_RANGES: &str = "PT_ALLOC_RANGES";
     pub const VMAP_MAP_RANGES: &str = "VMAP_MAP_RANGES";

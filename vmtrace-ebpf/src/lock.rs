@@ -4,7 +4,10 @@
 //!
 //! Only waits whose kernel stack passes through a vmap function (`LOCK_RANGES`, resolved from
 //! `/proc/kallsyms` by user space) are kept: the filter runs at `contention_begin`, so unrelated
-//! contention costs one stack walk and leaves no state behind. A wait is timed from a pending
+//! contention costs one stack walk and leaves no state behind. Once user space has classified a
+//! lock's address from enough walked stacks it puts it in `KNOWN_LOCKS`, and waits on it are
+//! kept without a walk: the walk costs the waiter microseconds, far more than the waits it
+//! records, and the kernel would not have spent them. A wait is timed from a pending
 //! slot: per CPU for pure spinlocks (the waiter cannot migrate while it spins), per task for
 //! sleeping locks (a mutex waiter may wake on another CPU) — the split `perf lock contention`
 //! makes for the same reason.
@@ -150,6 +153,15 @@ fn record_verdict(lock: u64, kept: bool) {
     }
 }
 
+/// vmap lock addresses user space has classified from enough walked stacks (the value is the
+/// class's code, for `bpftool`; the program only tests membership). A wait on one of them is
+/// kept without the stack walk: the vmap locks are static or per node and never move, and the
+/// walk cost the waiter microseconds that the kernel, unprobed, would not spend, so every
+/// recorded contention kept the operations that met apart for longer than they were. Entries
+/// for `3 × nodes + 2` locks at most; 4096 leaves room for any node count.
+#[map]
+static KNOWN_LOCKS: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
+
 /// Pending spinlock waits, one per CPU (`lock == 0`: none).
 #[map]
 static PENDING_CPU: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
@@ -184,6 +196,23 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
     // Before the walk, which takes longer than most waits: user space gets the waiter's time
     // here as `probe_ns`, so a wait whose lock was released during the walk still shows it.
     let entry_ns = now_ns();
+    if KNOWN_LOCKS.get_ptr(lock).is_some() {
+        // The wait starts here; the lookup's few ns are part of it, as they are of the spin.
+        bump(counter::CONTENTION_KNOWN);
+        store_pending(
+            per_cpu,
+            tid,
+            Pending {
+                begin_ns: entry_ns,
+                probe_ns: 0,
+                lock,
+                flags,
+                stack_id: c::STACK_NOT_WALKED,
+                matched: u64::MAX,
+            },
+        );
+        return;
+    }
     let (hit, own) =
         stack_hits2::<C, DEPTH>(ctx, global_ptr(&LOCK_RANGES), global_ptr(&SELF_RANGES));
     let Some(matched) = hit.filter(|_| !own) else {
@@ -200,14 +229,22 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
         }
     };
     let begin_ns = now_ns();
-    let pending = Pending {
-        begin_ns,
-        probe_ns: begin_ns.saturating_sub(entry_ns),
-        lock,
-        flags,
-        stack_id,
-        matched,
-    };
+    store_pending(
+        per_cpu,
+        tid,
+        Pending {
+            begin_ns,
+            probe_ns: begin_ns.saturating_sub(entry_ns),
+            lock,
+            flags,
+            stack_id,
+            matched,
+        },
+    );
+}
+
+#[inline(always)]
+fn store_pending(per_cpu: bool, tid: u32, pending: Pending) {
     if per_cpu {
         if let Some(p) = PENDING_CPU.get_ptr_mut(0) {
             // SAFETY: this CPU's slot.

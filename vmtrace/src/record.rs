@@ -540,6 +540,7 @@ pub struct ProbeCounters {
     pub stack_read_failures: u64,
     pub contention_filtered: u64,
     pub contention_nested: u64,
+    pub contention_known: u64,
     pub page_stack_walks: u64,
     pub work_unmatched_end: u64,
     /// Backing-page allocations by order.
@@ -555,6 +556,7 @@ impl ProbeCounters {
             stack_read_failures: probes.counter(counter::STACK_READ_FAIL),
             contention_filtered: probes.counter(counter::CONTENTION_FILTERED),
             contention_nested: probes.counter(counter::CONTENTION_NESTED),
+            contention_known: probes.counter(counter::CONTENTION_KNOWN),
             page_stack_walks: probes.counter(counter::PAGE_STACK_WALKS),
             work_unmatched_end: probes.counter(counter::WORK_UNMATCHED_END),
             backing_page_orders: probes.backing_orders(),
@@ -589,6 +591,7 @@ impl ProbeCounters {
             contention_nested: self
                 .contention_nested
                 .saturating_sub(base.contention_nested),
+            contention_known: self.contention_known.saturating_sub(base.contention_known),
             page_stack_walks: self.page_stack_walks.saturating_sub(base.page_stack_walks),
             work_unmatched_end: self
                 .work_unmatched_end
@@ -630,6 +633,7 @@ pub fn footer(
         stack_read_failures: counters.stack_read_failures,
         contention_filtered: counters.contention_filtered,
         contention_nested: counters.contention_nested,
+        contention_known: counters.contention_known,
         page_stack_walks: counters.page_stack_walks,
         work_unmatched_end: counters.work_unmatched_end,
         contention_by_class: LockClass::ALL

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vmtrace::trace::{Footer, Header, LockClass, ProbeInfo, PtLevel, Record, TraceReader};
+use vmtrace::trace::{
+    Contention, Footer, Header, LockClass, ProbeInfo, PtLevel, Record, TraceReader,
+};
+use vmtrace_common::contention::STACK_NOT_WALKED;
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 
@@ -41,14 +44,20 @@ fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
 
 /// Records a 2-thread stress mix meant to contend on the vmap locks: BPF-map churn on two
 /// threads plus thread-stack churn on two more.
-fn record_contending_mix(mode: &str) -> (tempfile::TempDir, PathBuf) {
+fn record_contending_mix(mode: &str, walk_always: bool) -> (tempfile::TempDir, PathBuf) {
     let (dir, out) = tmp("mix.jsonl");
     let mix = format!(
         "{VMTRACE} stress fix-size --threads 2 -d 4s >/dev/null & \
          {VMTRACE} stress thread-churn --threads 2 -d 4s >/dev/null; wait"
     );
-    let status = Command::new(VMTRACE)
-        .env("VMTRACE_TRACEPOINTS", mode)
+    let mut cmd = Command::new(VMTRACE);
+    cmd.env("VMTRACE_TRACEPOINTS", mode);
+    if walk_always {
+        cmd.env("VMTRACE_LOCK_WALK", "always");
+    } else {
+        cmd.env_remove("VMTRACE_LOCK_WALK");
+    }
+    let status = cmd
         .args(["record", "-q", "--probes", "all", "-o"])
         .arg(&out)
         .args(["--", "sh", "-c", &mix])
@@ -58,23 +67,35 @@ fn record_contending_mix(mode: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, out)
 }
 
+/// A wait the probe kept without a stack, on an address marked known.
+fn unwalked(w: &Contention) -> bool {
+    w.stack_id == STACK_NOT_WALKED
+}
+
 #[test]
 fn contention_on_vmap_paths_is_classified() {
-    contention_is_classified("raw");
+    contention_is_classified("raw", false);
 }
 
 /// The perf tracepoint programs, the fallback where raw tracepoints are refused, classify the
 /// same: their stacks start at the call site without the raw program's own frames.
 #[test]
 fn contention_is_classified_on_perf_tracepoints_too() {
-    contention_is_classified("perf");
+    contention_is_classified("perf", false);
 }
 
-fn contention_is_classified(mode: &str) {
+/// With `VMTRACE_LOCK_WALK=always` no address is marked known: every wait is walked and
+/// classified from its stack, as the known-lock path's answers are checked against.
+#[test]
+fn contention_is_classified_with_every_wait_walked() {
+    contention_is_classified("raw", true);
+}
+
+fn contention_is_classified(mode: &str, walk_always: bool) {
     if !privileged() {
         return;
     }
-    let (_dir, out) = record_contending_mix(mode);
+    let (_dir, out) = record_contending_mix(mode, walk_always);
     let (header, records, footer) = read_trace(&out);
     let lock = header
         .probes
@@ -100,6 +121,22 @@ fn contention_is_classified(mode: &str) {
     let mut per_class = std::collections::BTreeMap::<LockClass, (u64, u64)>::new();
     for w in &waits {
         assert!(w.wait_ns > 0, "zero wait: {w:?}");
+        if unwalked(w) {
+            // Only addresses classified from agreeing stacks are marked, and only the classes
+            // whose locks belong to mm/vmalloc.c.
+            assert!(w.stack.is_empty(), "{w:?}");
+            assert!(
+                matches!(
+                    w.class,
+                    LockClass::FreeAreaLock
+                        | LockClass::NodeBusyLock
+                        | LockClass::NodeLazyLock
+                        | LockClass::NodePoolLock
+                        | LockClass::PurgeMutex
+                ),
+                "an unwalked wait outside the vmap locks: {w:?}"
+            );
+        }
         if w.stack_id >= 0 {
             assert!(!w.stack.is_empty(), "stack {} unresolved", w.stack_id);
             assert!(
@@ -122,20 +159,42 @@ fn contention_is_classified(mode: &str) {
         e.0 += 1;
         e.1 += w.wait_ns;
     }
-    // Every kept wait carries the begin program's own time before its stamp: the stack walk,
-    // which runs on every kept wait, so it cannot be 0 for most of them.
+    // Every walked wait carries the begin program's own time before its stamp: the stack
+    // walk, so it cannot be 0 for most of them. An unwalked one has none.
     let mut walks: Vec<u64> = waits
         .iter()
+        .filter(|w| !unwalked(w))
         .map(|w| w.probe_ns.unwrap_or_else(|| panic!("no probe_ns: {w:?}")))
         .collect();
     walks.sort_unstable();
+    assert!(!walks.is_empty(), "no wait was walked");
     let median_walk = walks[walks.len() / 2];
     assert!(median_walk > 0, "the walk took no time: {walks:?}");
+    let n_unwalked = waits.iter().filter(|w| unwalked(w)).count();
+    assert!(
+        waits
+            .iter()
+            .filter(|w| unwalked(w))
+            .all(|w| w.probe_ns == Some(0)),
+        "an unwalked wait with probe time"
+    );
     println!(
-        "probe_ns median {median_walk} ns over {} waits",
+        "probe_ns median {median_walk} ns over {} walked waits; {n_unwalked} kept unwalked",
         walks.len()
     );
     let ladder = footer.ladder.expect("ladder stats in the footer");
+    assert_eq!(ladder.contention_known, n_unwalked as u64);
+    if walk_always {
+        assert_eq!(n_unwalked, 0);
+    } else {
+        // Thousands of waits on a handful of addresses: all but the first few per address
+        // skip the walk.
+        assert!(
+            n_unwalked * 2 > waits.len(),
+            "{n_unwalked} of {} waits unwalked",
+            waits.len()
+        );
+    }
     assert_eq!(ladder.events.contention, waits.len() as u64);
     assert_eq!(ladder.lost.contention, 0);
     for t in &ladder.contention_by_class {
@@ -166,7 +225,7 @@ fn purges_from_drain_work_match_a_work_item() {
     if !privileged() {
         return;
     }
-    let (_dir, out) = record_contending_mix("raw");
+    let (_dir, out) = record_contending_mix("raw", false);
     let (header, records, footer) = read_trace(&out);
     let works: Vec<_> = records
         .iter()

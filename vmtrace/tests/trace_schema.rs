@@ -271,6 +271,7 @@ fn ladder_stats() -> LadderStats {
         stack_read_failures: 1,
         contention_filtered: 100,
         contention_nested: 0,
+        contention_known: 1,
         page_stack_walks: 5000,
         work_unmatched_end: 0,
         contention_by_class: LockClass::ALL

@@ -110,6 +110,32 @@ fn is_pt_allocator(function: &str) -> bool {
     )
 }
 
+/// Walked waits that must agree on an address's class, with none disagreeing, before the
+/// address is marked known and its waits are kept without a walk. One would do for the static
+/// locks; the per-node ones are learnt from acquirers, and a few agreeing stacks guard against
+/// an address that only looked like one class so far.
+pub const KNOWN_AFTER: u32 = 8;
+
+/// The classes whose locks belong to mm/vmalloc.c alone, so that every wait on their address
+/// is on a vmap path and needs no stack to be kept. `init_mm.page_table_lock` is not one: other
+/// kernel page-table code takes it too, and those waits must still be filtered out.
+fn knowable(class: LockClass) -> bool {
+    use LockClass::*;
+    matches!(
+        class,
+        FreeAreaLock | NodeBusyLock | NodeLazyLock | NodePoolLock | PurgeMutex
+    )
+}
+
+/// What the walked waits said about one lock address.
+#[derive(Debug, Clone, Copy)]
+struct Evidence {
+    class: LockClass,
+    agreeing: u32,
+    /// Another knowable class was seen on the same address: never mark it.
+    conflict: bool,
+}
+
 /// The classifier, with what it learnt so far about lock addresses and call sites.
 #[derive(Debug, Default)]
 pub struct Classifier {
@@ -117,6 +143,11 @@ pub struct Classifier {
     by_addr: HashMap<u64, LockClass>,
     by_site: HashMap<String, LockClass>,
     node_locks: HashMap<LockClass, BTreeSet<u64>>,
+    evidence: HashMap<u64, Evidence>,
+    /// Addresses marked known, with their class: the probe keeps their waits without a stack.
+    known: HashMap<u64, LockClass>,
+    /// Marked since the last [`Classifier::take_newly_known`].
+    newly_known: Vec<(u64, LockClass)>,
 }
 
 /// One classified wait.
@@ -138,6 +169,45 @@ impl Classifier {
     /// `LCB_F_*` flags, and learns from it when it is unambiguous.
     pub fn classify(&mut self, frames: &[String], lock: u64, flags: u32) -> Classified {
         let class = self.class_of(frames, lock, flags);
+        self.learn_address(lock, class);
+        self.with_node(class, lock)
+    }
+
+    /// Classifies a wait the probe kept without a stack
+    /// ([`vmtrace_common::contention::STACK_NOT_WALKED`]): its lock was marked known, so the
+    /// address alone gives the class. An address this classifier never marked (a probe
+    /// shared with another reader) is `other`.
+    pub fn classify_unwalked(&mut self, lock: u64) -> Classified {
+        let class = self.known.get(&lock).copied().unwrap_or(LockClass::Other);
+        self.with_node(class, lock)
+    }
+
+    /// Addresses that became known since the last call, for the probe's `KNOWN_LOCKS` map.
+    pub fn take_newly_known(&mut self) -> Vec<(u64, LockClass)> {
+        std::mem::take(&mut self.newly_known)
+    }
+
+    fn learn_address(&mut self, lock: u64, class: LockClass) {
+        if !knowable(class) || self.known.contains_key(&lock) {
+            return;
+        }
+        let e = self.evidence.entry(lock).or_insert(Evidence {
+            class,
+            agreeing: 0,
+            conflict: false,
+        });
+        if e.class != class {
+            e.conflict = true;
+        } else {
+            e.agreeing += 1;
+        }
+        if !e.conflict && e.agreeing >= KNOWN_AFTER {
+            self.known.insert(lock, class);
+            self.newly_known.push((lock, class));
+        }
+    }
+
+    fn with_node(&mut self, class: LockClass, lock: u64) -> Classified {
         let node = if matches!(
             class,
             LockClass::NodeBusyLock | LockClass::NodeLazyLock | LockClass::NodePoolLock
@@ -404,5 +474,83 @@ mod tests {
             c.classify(&pt, 0xffff888100000000, 1).class,
             LockClass::Other
         );
+    }
+
+    fn stack(acquirer: &str) -> Vec<String> {
+        [
+            "native_queued_spin_lock_slowpath+0x9",
+            "_raw_spin_lock+0x29",
+            acquirer,
+            "vfree+0x40",
+        ]
+        .map(String::from)
+        .into()
+    }
+
+    const NODE0_LAZY: u64 = 0xffff_8880_0410_0040;
+    const NODE1_LAZY: u64 = 0xffff_8880_0410_0240;
+
+    #[test]
+    fn an_address_is_known_after_enough_agreeing_walks() {
+        let mut c = Classifier::new(2);
+        let lazy = stack("free_vmap_area_noflush+0xb3");
+        for i in 1..KNOWN_AFTER {
+            assert_eq!(
+                c.classify(&lazy, NODE0_LAZY, 1).class,
+                LockClass::NodeLazyLock
+            );
+            assert!(c.take_newly_known().is_empty(), "marked after {i} walks");
+        }
+        c.classify(&lazy, NODE0_LAZY, 1);
+        assert_eq!(
+            c.take_newly_known(),
+            [(NODE0_LAZY, LockClass::NodeLazyLock)]
+        );
+        // Marked once: a late walked wait (one already pending when the map was written)
+        // does not mark it again.
+        c.classify(&lazy, NODE0_LAZY, 1);
+        assert!(c.take_newly_known().is_empty());
+        assert_eq!(
+            c.classify_unwalked(NODE0_LAZY).class,
+            LockClass::NodeLazyLock
+        );
+        // An address never marked is not guessed.
+        assert_eq!(c.classify_unwalked(NODE1_LAZY).class, LockClass::Other);
+    }
+
+    #[test]
+    fn an_address_seen_as_two_classes_is_never_known() {
+        let mut c = Classifier::new(2);
+        c.classify(&stack("find_vmap_area+0x58"), NODE0_LAZY, 1);
+        for _ in 0..2 * KNOWN_AFTER {
+            c.classify(&stack("free_vmap_area_noflush+0xb3"), NODE0_LAZY, 1);
+        }
+        assert!(c.take_newly_known().is_empty());
+        assert_eq!(c.classify_unwalked(NODE0_LAZY).class, LockClass::Other);
+    }
+
+    #[test]
+    fn the_page_table_lock_is_never_known() {
+        // Other page-table code takes init_mm's lock too: its waits need the walk's filter.
+        let mut c = Classifier::new(2);
+        let ptl = 0xffff_ffff_9a5d_1100;
+        for _ in 0..2 * KNOWN_AFTER {
+            let r = c.classify(&stack("__pte_alloc_kernel+0x20"), ptl, 1);
+            assert_eq!(r.class, LockClass::PageTableLock);
+        }
+        assert!(c.take_newly_known().is_empty());
+    }
+
+    #[test]
+    fn unwalked_waits_keep_the_node_rank() {
+        let mut c = Classifier::new(2);
+        let lazy = stack("free_vmap_area_noflush+0xb3");
+        for _ in 0..KNOWN_AFTER {
+            c.classify(&lazy, NODE0_LAZY, 1);
+            c.classify(&lazy, NODE1_LAZY, 1);
+        }
+        assert_eq!(c.take_newly_known().len(), 2);
+        assert_eq!(c.classify_unwalked(NODE0_LAZY).node, Some(0));
+        assert_eq!(c.classify_unwalked(NODE1_LAZY).node, Some(1));
     }
 }

@@ -1,9 +1,10 @@
 //! Loads the embedded BPF object with field layouts taken from tracefs, and attaches it.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{HashMap as AyaHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{FEntry, FExit, KProbe, RawTracePoint, TracePoint},
     Btf, Ebpf, EbpfLoader,
 };
@@ -21,7 +22,7 @@ use crate::host::{
     tracefs::{self, Field, Format},
     HostError,
 };
-use crate::trace::{ProbeInfo, ProbeRunStats};
+use crate::trace::{LockClass, ProbeInfo, ProbeRunStats};
 
 /// A tracepoint vmtrace attaches to, with the fields it reads in wire order.
 #[derive(Debug, Clone, Copy)]
@@ -193,6 +194,15 @@ pub fn ring_split(ring_bytes: u64, possible_cpus: u32, page: u64) -> (usize, u64
     (n, each.max(page))
 }
 
+/// `VMTRACE_LOCK_WALK=always` walks the stack of every lock wait, known address or not: to
+/// measure what the walk costs the recorded waits, or should a kernel ever reuse a vmap lock's
+/// address for another lock (none does: they are static or per node).
+pub const LOCK_WALK_ENV: &str = "VMTRACE_LOCK_WALK";
+
+fn always_walk_locks() -> bool {
+    std::env::var(LOCK_WALK_ENV).is_ok_and(|v| v == "always")
+}
+
 /// Probes loaded and attached; dropping this detaches them.
 pub struct LoadedProbes {
     ebpf: Ebpf,
@@ -210,6 +220,9 @@ pub struct LoadedProbes {
     counters: Option<PerCpuArray<MapData, u64>>,
     backing: Option<PerCpuArray<MapData, u64>>,
     stacks: Option<StackTraceMap<MapData>>,
+    /// The lock probe's `KNOWN_LOCKS`; `None` without the map or with
+    /// `VMTRACE_LOCK_WALK=always`, when every wait is walked as before the map existed.
+    known_locks: Option<Mutex<AyaHashMap<MapData, u64, u32>>>,
     /// Kernel symbols, when readable: stack frames and work functions are resolved with them.
     pub ksyms: Option<Kallsyms>,
     /// The ladder's decision for each logical probe.
@@ -827,6 +840,13 @@ impl LoadedProbes {
         let stacks = ebpf
             .take_map(names::STACKS)
             .and_then(|m| StackTraceMap::try_from(m).ok());
+        let known_locks = if always_walk_locks() {
+            None
+        } else {
+            ebpf.take_map(names::KNOWN_LOCKS)
+                .and_then(|m| AyaHashMap::try_from(m).ok())
+                .map(Mutex::new)
+        };
         Ok(Self {
             ebpf,
             infos,
@@ -839,9 +859,21 @@ impl LoadedProbes {
             counters,
             backing,
             stacks,
+            known_locks,
             ksyms,
             choices,
         })
+    }
+
+    /// Tells the lock probe to keep waits on `lock` without walking the waiter's stack. A
+    /// failed insert (map full) only means those waits stay walked.
+    pub fn mark_known_lock(&self, lock: u64, class: LockClass) {
+        if let Some(m) = &self.known_locks {
+            if let Ok(mut m) = m.lock() {
+                let code = LockClass::ALL.iter().position(|&c| c == class).unwrap_or(0) as u32;
+                let _ = m.insert(lock, code, 0);
+            }
+        }
     }
 
     /// Frames of a kernel stack id, innermost first, as `symbol+0xoff`.

@@ -432,6 +432,10 @@ pub struct LadderStats {
     pub contention_filtered: u64,
     /// Contention begins ignored because a wait was already pending on that CPU or task.
     pub contention_nested: u64,
+    /// Contentions kept without a stack walk, on lock addresses already classified as vmap
+    /// locks (their records have `stack_id` `i64::MIN`). Absent before the probe had them.
+    #[serde(default)]
+    pub contention_known: u64,
     /// `mm_page_alloc` hits that passed the gfp pre-filter and had their stack walked.
     pub page_stack_walks: u64,
     /// Work-item ends whose start was not seen.
