@@ -823,23 +823,6 @@ pub fn calibrate(
         let e = &inputs[&class];
         let residuals: Vec<u64> = e.waits.iter().map(|w| w.saturating_sub(handoff)).collect();
         match estimate_hold(class, e.sections, e.exposure, &residuals) {
-            Some(h) if class == LockClass::NodePoolLock => {
-                // A node's pool lock is taken by the CPUs of that node and by the purge worker,
-                // not by every CPU alike, so the exposure's independence assumption overstates
-                // how often others hold it: held out, the estimate cut the predicted waits
-                // below the defaults' (docs/model.md, "Calibration").
-                provenance.insert(
-                    name,
-                    (
-                        "default".into(),
-                        format!(
-                            "estimate ({:.0} ns mean hold from {} waits) not used: it failed out of sample",
-                            h.mean_hold_ns, h.waits
-                        ),
-                    ),
-                );
-                holds.push(h);
-            }
             Some(h) => {
                 let _ = costs.set(name, h.base_ns);
                 provenance.insert(
