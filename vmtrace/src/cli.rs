@@ -54,6 +54,11 @@ pub enum Command {
     /// `vmtrace synth --costs FILE` use it. Calibrate on some recordings and validate on
     /// others (docs/model.md, "Calibration").
     Calibrate(CalibrateArgs),
+    /// Turn text output of the vmalloc tracepoints from another tool (`perf script`,
+    /// `trace-cmd report`, the tracefs `trace` file) into a vmtrace trace that `summary`,
+    /// `replay` and `top --replay` read. Facts the text lacks are inferred and listed in the
+    /// header (docs/import.md).
+    Import(crate::import::cli::ImportArgs),
     /// Generate a synthetic trace shaped like lib/test_vmalloc.c, with addresses chosen by the
     /// allocator model and timestamps from a per-CPU timing model (docs/synth.md).
     Synth(crate::synth::cli::SynthArgs),

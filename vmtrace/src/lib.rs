@@ -6,6 +6,7 @@ pub mod allocinfo;
 pub mod cli;
 pub mod export;
 pub mod host;
+pub mod import;
 pub mod live;
 pub mod model;
 pub mod probe;

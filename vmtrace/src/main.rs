@@ -14,6 +14,7 @@ fn main() -> std::process::ExitCode {
         Command::Replay(args) => vmtrace::replay::cli::run(args),
         Command::Calibrate(args) => vmtrace::replay::cli::calibrate(args),
         Command::Synth(args) => vmtrace::synth::cli::run(args),
+        Command::Import(args) => vmtrace::import::cli::run(args),
         Command::Whatif(args) => vmtrace::whatif::cli::run(args),
         Command::Top(args) => vmtrace::tui::run(args),
         Command::Serve(args) => vmtrace::export::serve::run(args),

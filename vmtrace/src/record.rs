@@ -769,6 +769,7 @@ pub fn header(facts: &SystemFacts, calibration: &Calibration, probes: &LoadedPro
         start_realtime_ns: system::realtime_ns(),
         ring_buffer_bytes: probes.ring_bytes,
         synthetic: None,
+        imported: None,
     }
 }
 

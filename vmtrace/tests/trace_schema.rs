@@ -140,6 +140,7 @@ fn header() -> Header {
         start_realtime_ns: 1_796_048_083_233_733_736,
         ring_buffer_bytes: 64 << 20,
         synthetic: None,
+        imported: None,
     }
 }
 
@@ -676,6 +677,7 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/footer.command_exit_code",
             "#/$defs/footer.kernel_run_stats",
             "#/$defs/footer.ladder",
+            "#/$defs/header.imported",
             "#/$defs/header.synthetic",
             "#/$defs/probe.attach",
             "#/$defs/probe.attach_fallback",

@@ -218,6 +218,7 @@ pub fn header(p: &SynthParams, tests: &[Test], command_line: Vec<String>) -> Hea
             tests: tests.iter().map(|t| t.name().to_string()).collect(),
             params,
         }),
+        imported: None,
     }
 }
 

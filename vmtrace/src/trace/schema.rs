@@ -48,6 +48,21 @@ pub struct Header {
     /// kernel, so tools must not present them as a recording.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<Synthetic>,
+    /// Present only in traces made by `vmtrace import` from another tool's text output: what
+    /// it came from, and which header facts were inferred rather than read from a kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported: Option<Imported>,
+}
+
+/// Where an imported trace came from (`vmtrace import`, docs/import.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Imported {
+    /// `perf-script`, `trace-cmd` or `ftrace`.
+    pub from: String,
+    /// The input file as given (`-` for stdin).
+    pub input: String,
+    /// Each header fact or record that was inferred or is missing, and how.
+    pub inferred: Vec<String>,
 }
 
 /// How a synthetic trace was generated (`vmtrace synth`, docs/synth.md).

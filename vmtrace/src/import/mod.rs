@@ -1,0 +1,453 @@
+//! `vmtrace import`: text output of the vmalloc tracepoints from other tools (`perf script`,
+//! `trace-cmd report`, the tracefs `trace` file) as a vmtrace trace.
+//!
+//! Kernel developers already have such traces, often from a machine vmtrace never ran on. The
+//! events carry everything replay needs except the machine's facts and the start state, so
+//! those are inferred from the events, or taken from options and a `/proc/vmallocinfo` dump,
+//! and the header says which were inferred (`imported.inferred`).
+//!
+//! The input is read twice: the first pass finds the facts the header needs (CPUs,
+//! `nr_lazy_max`, the VMALLOC range), the second writes the records. Memory stays flat in the
+//! input's size.
+
+pub mod cli;
+pub mod dump_time;
+pub mod parse;
+
+use std::collections::HashMap;
+use std::io::BufRead;
+
+use thiserror::Error;
+
+use crate::model::{lazy_max_pages, NodeLayout};
+use crate::trace::wire::SystemFacts;
+use crate::trace::{
+    Alloc, Ctx, EventCounts, Footer, Free, Header, Imported, KAddr, Purge, Record, StopReason,
+    Tool, VmallocArea, VmallocSnapshot, VmapFacts, FORMAT, VERSION,
+};
+use parse::{Event, Format};
+
+/// x86_64's page size: none of the three formats prints it, and every vmalloc size is a
+/// multiple of it.
+const PAGE: u64 = 4096;
+
+#[derive(Debug, Error)]
+pub enum ImportError {
+    #[error("line {line}: {msg}")]
+    Line { line: u64, msg: String },
+    #[error("reading the input: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("no vmalloc event in the input ({lines} lines; {other} events of other kinds)")]
+    Empty { lines: u64, other: u64 },
+    #[error("writing the trace: {0}")]
+    Write(std::io::Error),
+}
+
+/// What the caller knows that the text does not say.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// `None`: detected from the first event line.
+    pub from: Option<Format>,
+    /// Possible CPUs of the recorded machine; `None`: the highest CPU seen, plus one.
+    pub cpus: Option<u32>,
+    /// `lazy_max_pages`; `None`: the free events' `nr_lazy_max`.
+    pub lazy_max: Option<u64>,
+    /// The start snapshot, from a `/proc/vmallocinfo` dump taken with real addresses.
+    pub snapshot: Option<Vec<VmallocArea>>,
+    /// The input's name, for the header.
+    pub input: String,
+    pub command_line: Vec<String>,
+}
+
+/// Event times as written: microsecond input keeps its order within a µs, 1 ns apart (never
+/// past the µs).
+#[derive(Default)]
+struct Clock {
+    last: u64,
+}
+
+impl Clock {
+    fn stamp(&mut self, p: &parse::Prefix) -> u64 {
+        let mut ts = p.ts_ns;
+        if ts <= self.last && p.frac_digits <= 6 && self.last < ts + 999 {
+            ts = self.last + 1;
+        }
+        self.last = ts.max(self.last);
+        ts
+    }
+}
+
+/// What the first pass found.
+#[derive(Clone, Debug, Default)]
+struct Facts {
+    format: Option<Format>,
+    max_cpu: u32,
+    nr_lazy_max: Option<u64>,
+    ranges: HashMap<(u64, u64), u64>,
+    first_ts: Option<u64>,
+    last_ts: u64,
+    events: EventCounts,
+    other_events: u64,
+    /// Timestamps printed with 6 fractional digits (µs).
+    micro: bool,
+}
+
+/// What was imported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportSummary {
+    pub format: Format,
+    pub lines: u64,
+    pub events: EventCounts,
+    /// Event lines of other tracepoints (locks, workqueues, …), skipped.
+    pub other_events: u64,
+    pub cpus: u32,
+    /// Header facts and records that were inferred or are missing.
+    pub inferred: Vec<String>,
+}
+
+/// One pass over the lines: calls `each` with every vmalloc event and its 1-based line number.
+fn scan<R: BufRead>(
+    input: R,
+    from: Option<Format>,
+    mut each: impl FnMut(u64, &parse::Prefix, Event) -> Result<(), ImportError>,
+) -> Result<(u64, Option<Format>, u64), ImportError> {
+    let mut format = from;
+    let mut n = 0u64;
+    let mut other = 0u64;
+    for line in input.lines() {
+        n += 1;
+        let line = line?;
+        let Some(p) = parse::prefix(&line) else {
+            continue;
+        };
+        let p = p.map_err(|msg| ImportError::Line { line: n, msg })?;
+        let Some(name) = parse::vmalloc_event(&p.event) else {
+            other += 1;
+            continue;
+        };
+        let seen = detect(&p);
+        match format {
+            None => format = Some(seen),
+            // perf and the other two print the task differently; trace-cmd and ftrace only
+            // differ in columns the parser reads either way.
+            Some(Format::PerfScript) if seen != Format::PerfScript => {
+                return Err(ImportError::Line {
+                    line: n,
+                    msg: format!(
+                        "a {} line in {} input",
+                        seen.name(),
+                        Format::PerfScript.name()
+                    ),
+                })
+            }
+            Some(f) if f != Format::PerfScript && seen == Format::PerfScript => {
+                return Err(ImportError::Line {
+                    line: n,
+                    msg: format!("a perf-script line in {} input", f.name()),
+                })
+            }
+            _ => {}
+        }
+        let ev = parse::event(name, &p.rest).map_err(|msg| ImportError::Line { line: n, msg })?;
+        each(n, &p, ev)?;
+    }
+    Ok((n, format, other))
+}
+
+/// `COMM PID` is perf's, `COMM-PID` trace-cmd's or ftrace's. Those two print the same
+/// columns the parser reads, so a dashed line is called ftrace unless `--from trace-cmd` said
+/// otherwise; only the header's `imported.from` differs.
+fn detect(p: &parse::Prefix) -> Format {
+    if p.dashed {
+        Format::Ftrace
+    } else {
+        Format::PerfScript
+    }
+}
+
+/// Imports `open()`'s text into `out`. `open` is called twice (see the module doc).
+pub fn import<R: BufRead, W: std::io::Write>(
+    mut open: impl FnMut() -> std::io::Result<R>,
+    opts: &ImportOptions,
+    out: W,
+) -> Result<ImportSummary, ImportError> {
+    let mut facts = Facts::default();
+    let mut cut = opts.snapshot.as_deref().map(dump_time::DumpCut::new);
+    // The written time of each event, to place the dump among them.
+    let mut stamps = Vec::new();
+    let mut clock = Clock::default();
+    let (lines, format, other) = scan(open()?, opts.from, |line, p, ev| {
+        facts.first_ts.get_or_insert(p.ts_ns);
+        if p.ts_ns < facts.last_ts {
+            return Err(ImportError::Line {
+                line,
+                msg: format!(
+                    "time goes backwards ({} ns after {} ns): sort the input by time",
+                    p.ts_ns, facts.last_ts
+                ),
+            });
+        }
+        facts.last_ts = p.ts_ns;
+        facts.micro |= p.frac_digits <= 6;
+        if let Some(c) = cut.as_mut() {
+            stamps.push(clock.stamp(p));
+            match ev {
+                Event::Alloc {
+                    addr, failed: 0, ..
+                } => c.event(addr, true),
+                Event::Free { va_start, .. } => c.event(va_start, false),
+                // Failed attempts and purges name no area.
+                _ => c.other(),
+            }
+        }
+        facts.max_cpu = facts.max_cpu.max(p.cpu);
+        match ev {
+            Event::Alloc {
+                vstart,
+                vend,
+                failed,
+                ..
+            } => {
+                facts.events.alloc += 1;
+                if failed == 0 {
+                    *facts.ranges.entry((vstart, vend)).or_default() += 1;
+                }
+            }
+            Event::Free { nr_lazy_max, .. } => {
+                facts.events.free += 1;
+                facts.nr_lazy_max.get_or_insert(nr_lazy_max);
+            }
+            Event::Purge { .. } => facts.events.purge += 1,
+        }
+        Ok(())
+    })?;
+    facts.format = format;
+    facts.other_events = other;
+    let (Some(format), Some(first_ts)) = (facts.format, facts.first_ts) else {
+        return Err(ImportError::Empty { lines, other });
+    };
+
+    let mut inferred = Vec::new();
+    let cpus = match opts.cpus {
+        Some(c) => c,
+        None => {
+            inferred.push(format!(
+                "possible CPUs: {} from the highest CPU seen (pass --cpus: the node count and zone size follow from it)",
+                facts.max_cpu + 1
+            ));
+            facts.max_cpu + 1
+        }
+    };
+    let layout = NodeLayout::from_cpus(cpus, PAGE);
+    let lazy_max = match (opts.lazy_max, facts.nr_lazy_max) {
+        (Some(l), _) => Some(l),
+        (None, Some(l)) => {
+            inferred.push(format!("lazy_max_pages: {l}, the free events' nr_lazy_max"));
+            Some(l)
+        }
+        (None, None) => {
+            inferred.push(format!(
+                "lazy_max_pages: no free event; {} computed from the CPU count",
+                lazy_max_pages(cpus, PAGE)
+            ));
+            None
+        }
+    };
+    // The VMALLOC range: the vstart/vend most allocations asked for (`__get_vm_area_node`
+    // passes VMALLOC_START/END for everything but modules and a few arch ranges).
+    let range = facts
+        .ranges
+        .iter()
+        .max_by_key(|(r, n)| (**n, std::cmp::Reverse(r.0)))
+        .map(|(r, _)| *r);
+    match range {
+        Some((s, e)) => inferred.push(format!(
+            "VMALLOC range {s:#x}-{e:#x}: the vstart/vend most allocations passed"
+        )),
+        None => inferred.push("VMALLOC range: no successful allocation".into()),
+    }
+    inferred.push(format!(
+        "page size {PAGE}: not in the text (x86_64 assumed)"
+    ));
+    if facts.micro {
+        inferred.push(
+            "timestamps printed in µs: events within one µs are 1 ns apart, in input order".into(),
+        );
+    }
+    inferred.push(format!(
+        "clock: {}'s trace clock, not CLOCK_BOOTTIME",
+        format.name()
+    ));
+    inferred.push("lost events unknown: the text does not say how many the tool dropped".into());
+    let mut snapshot_at = first_ts.saturating_sub(2);
+    let snapshot_areas = match &opts.snapshot {
+        Some(a) => {
+            let n = stamps.len();
+            let c = cut.take().map(|c| c.best()).unwrap_or(dump_time::Cut {
+                index: 0,
+                disagreements: 0,
+                at_start: 0,
+            });
+            if c.index > 0 {
+                snapshot_at = stamps.get(c.index).copied().unwrap_or(facts.last_ts + 1);
+            }
+            inferred.push(format!(
+                "start snapshot: {} areas from the given /proc/vmallocinfo dump, placed before event {} of {n}: the cut where the fewest addresses' states disagree with the dump ({}, against {} before the first event); replay skips the events before it",
+                a.len(),
+                c.index,
+                c.disagreements,
+                c.at_start
+            ));
+            a.clone()
+        }
+        None => {
+            inferred.push(
+                "start snapshot: none given (--vmallocinfo); the trace starts from an empty VMALLOC space".into(),
+            );
+            Vec::new()
+        }
+    };
+
+    let cpu_list = if cpus > 1 {
+        format!("0-{}", cpus - 1)
+    } else {
+        "0".into()
+    };
+    let start = first_ts.saturating_sub(2);
+    let header = Header {
+        format: FORMAT.into(),
+        version: VERSION,
+        tool: Tool {
+            name: "vmtrace".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        command_line: opts.command_line.clone(),
+        system: SystemFacts {
+            kernel_release: "unknown (imported)".into(),
+            kernel_version: format!("unknown (imported from {})", format.name()),
+            machine: "x86_64".into(),
+            hostname: "unknown (imported)".into(),
+            page_size: PAGE,
+            possible_cpus: cpus,
+            possible_cpu_list: cpu_list.clone(),
+            online_cpus: cpus,
+            online_cpu_list: cpu_list,
+            btf: false,
+        },
+        vmap: VmapFacts {
+            nr_vmap_nodes: layout.nr_nodes(),
+            zone_size: layout.zone_size(),
+            lazy_max_pages_computed: lazy_max_pages(cpus, PAGE),
+            lazy_max_pages_tracepoint: lazy_max,
+            vmalloc_start: range.map(|r| KAddr(r.0)),
+            vmalloc_end: range.map(|r| KAddr(r.1)),
+            source: format!(
+                "vmtrace import from {}: nodes and zone size from {cpus} CPUs by the kernel's rules; see imported.inferred",
+                format.name()
+            ),
+        },
+        probes: Vec::new(),
+        clock: format!("{} trace clock", format.name()),
+        start_boottime_ns: start,
+        start_realtime_ns: 0,
+        ring_buffer_bytes: 0,
+        synthetic: None,
+        imported: Some(Imported {
+            from: format.name().into(),
+            input: opts.input.clone(),
+            inferred: inferred.clone(),
+        }),
+    };
+
+    let mut w = crate::trace::TraceWriter::new(out);
+    let put =
+        |w: &mut crate::trace::TraceWriter<W>, r: Record| w.write(&r).map_err(ImportError::Write);
+    put(&mut w, Record::Header(Box::new(header)))?;
+    put(
+        &mut w,
+        Record::Vmallocinfo(Box::new(VmallocSnapshot {
+            ts_start_ns: snapshot_at,
+            ts_end_ns: snapshot_at,
+            real_addresses: true,
+            pools_drained: false,
+            areas: snapshot_areas,
+        })),
+    )?;
+    let mut clock = Clock::default();
+    scan(open()?, Some(format), |_, p, ev| {
+        let ts = clock.stamp(p);
+        let ctx = Ctx {
+            ts_ns: ts,
+            cpu: p.cpu,
+            tgid: p.pid,
+            pid: p.pid,
+            comm: p.comm.clone(),
+        };
+        let r = match ev {
+            Event::Alloc {
+                addr,
+                size,
+                align,
+                vstart,
+                vend,
+                failed,
+            } => Record::Alloc(Alloc {
+                ctx,
+                addr: KAddr(addr),
+                size,
+                align,
+                vstart: KAddr(vstart),
+                vend: KAddr(vend),
+                failed,
+            }),
+            Event::Free {
+                va_start,
+                nr_lazy,
+                nr_lazy_max,
+            } => Record::Free(Free {
+                ctx,
+                va_start: KAddr(va_start),
+                nr_lazy,
+                nr_lazy_max,
+            }),
+            Event::Purge {
+                start,
+                end,
+                npurged,
+            } => Record::Purge(Purge {
+                ctx,
+                start: KAddr(start),
+                end: KAddr(end),
+                npurged,
+            }),
+        };
+        put(&mut w, r)
+    })?;
+    put(
+        &mut w,
+        Record::Footer(Box::new(Footer {
+            end_boottime_ns: clock.last + 1,
+            reason: StopReason::CommandExited,
+            command_exit_code: None,
+            events: facts.events,
+            lost_per_cpu: vec![0; cpus as usize],
+            lost_by_kind: EventCounts::default(),
+            lost_total: 0,
+            late_events: 0,
+            kernel_run_stats: None,
+            ladder: None,
+        })),
+    )?;
+    w.flush().map_err(ImportError::Write)?;
+    Ok(ImportSummary {
+        format,
+        lines,
+        events: facts.events,
+        other_events: other,
+        cpus,
+        inferred,
+    })
+}
+
+#[cfg(test)]
+mod tests;

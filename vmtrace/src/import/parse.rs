@@ -1,0 +1,354 @@
+//! One line of text output of the vmalloc tracepoints, as `perf script`, `trace-cmd report`
+//! and the tracefs `trace` file print it.
+//!
+//! The three share the kernel's own rendering of each event (its `print fmt`) and differ only
+//! in the columns before it:
+//!
+//! - `perf script`: `COMM PID[/TID] [CPU] SECS.FRAC: vmalloc:EVENT: FIELDS`;
+//! - `trace-cmd report`: `COMM-PID [CPU] [FLAGS] SECS.FRAC: EVENT: FIELDS`;
+//! - tracefs `trace` / `trace_pipe`: `COMM-PID [(TGID)] [CPU] FLAGS SECS.FRAC: EVENT: FIELDS`.
+//!
+//! A command name may hold spaces and dashes, so the line is read from its CPU column
+//! (`[NNN]`) outwards rather than split on whitespace. Fields are taken by name, as the kernel
+//! prints them (`va_start: <decimal>` on `alloc_vmap_area`, `va_start=0x…` on the free), so
+//! their order does not matter.
+
+use compact_str::CompactString;
+
+/// Where the text came from; each tool puts the task's id in its own place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    PerfScript,
+    TraceCmd,
+    Ftrace,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::PerfScript => "perf-script",
+            Format::TraceCmd => "trace-cmd",
+            Format::Ftrace => "ftrace",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Format> {
+        match s {
+            "perf-script" | "perf" => Some(Format::PerfScript),
+            "trace-cmd" => Some(Format::TraceCmd),
+            "ftrace" => Some(Format::Ftrace),
+            _ => None,
+        }
+    }
+}
+
+/// The columns before the event's own text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    pub comm: CompactString,
+    pub pid: u32,
+    pub cpu: u32,
+    /// Nanoseconds, as printed (microsecond output times 1000).
+    pub ts_ns: u64,
+    /// Digits after the decimal point: 6 (µs) or 9 (ns).
+    pub frac_digits: usize,
+    /// `vmalloc:alloc_vmap_area` or `alloc_vmap_area`: the system is optional.
+    pub event: String,
+    /// What follows the event name.
+    pub rest: String,
+    /// The task id was printed as `COMM-PID` (trace-cmd, ftrace) rather than `COMM PID` (perf).
+    pub dashed: bool,
+}
+
+/// A vmalloc event's fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Alloc {
+        addr: u64,
+        size: u64,
+        align: u64,
+        vstart: u64,
+        vend: u64,
+        failed: i32,
+    },
+    Free {
+        va_start: u64,
+        nr_lazy: u64,
+        nr_lazy_max: u64,
+    },
+    Purge {
+        start: u64,
+        end: u64,
+        npurged: u32,
+    },
+}
+
+/// Splits a line into its columns; `None` for a line that is not an event line at all
+/// (headers, comments, blank lines, perf's own notices), `Some(Err)` for one that looks like
+/// an event line but cannot be read.
+pub fn prefix(line: &str) -> Option<Result<Prefix, String>> {
+    let t = line.trim_end();
+    if t.trim_start().is_empty() || t.trim_start().starts_with('#') {
+        return None;
+    }
+    // The CPU column: the first `[digits]` that is followed by the timestamp. A command name
+    // could hold brackets too, so try each candidate.
+    let mut from = 0;
+    while let Some(open) = t[from..].find('[').map(|i| from + i) {
+        from = open + 1;
+        let Some(close) = t[open..].find(']').map(|i| open + i) else {
+            break;
+        };
+        let inner = &t[open + 1..close];
+        if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Some(after) = after_cpu(&t[close + 1..]) else {
+            continue;
+        };
+        let cpu = match inner.parse::<u32>() {
+            Ok(c) => c,
+            Err(e) => return Some(Err(format!("CPU [{inner}]: {e}"))),
+        };
+        let (comm, pid, dashed) = match task(t[..open].trim()) {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
+        let (ts_ns, frac_digits, event, rest) = after;
+        return Some(Ok(Prefix {
+            comm: CompactString::from(comm),
+            pid,
+            cpu,
+            ts_ns,
+            frac_digits,
+            event,
+            rest,
+            dashed,
+        }));
+    }
+    None
+}
+
+/// After `[CPU]`: optional flags (`d..1.`), then `SECS.FRAC:`, then `EVENT:` and the fields.
+fn after_cpu(s: &str) -> Option<(u64, usize, String, String)> {
+    let mut rest = s.trim_start();
+    let mut tok = rest.split_whitespace();
+    let first = tok.next()?;
+    if !first.ends_with(':') {
+        // The latency-format flags column (ftrace, trace-cmd with -l).
+        rest = rest[first.len()..].trim_start();
+    }
+    let ts_tok = rest.split_whitespace().next()?;
+    let ts_text = ts_tok.strip_suffix(':')?;
+    let (secs, frac) = ts_text.split_once('.')?;
+    if secs.is_empty()
+        || frac.is_empty()
+        || frac.len() > 9
+        || !secs.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let secs: u64 = secs.parse().ok()?;
+    let frac_v: u64 = frac.parse().ok()?;
+    let ts_ns = secs
+        .checked_mul(1_000_000_000)?
+        .checked_add(frac_v * 10u64.pow(9 - frac.len() as u32))?;
+    rest = rest[ts_tok.len()..].trim_start();
+    let ev_tok = rest.split_whitespace().next()?;
+    let event = ev_tok.strip_suffix(':')?.to_string();
+    let fields = rest[ev_tok.len()..].trim().to_string();
+    Some((ts_ns, frac.len(), event, fields))
+}
+
+/// `COMM PID[/TID]` (perf) or `COMM-PID` with an optional `(TGID)` column (ftrace).
+fn task(s: &str) -> Result<(&str, u32, bool), String> {
+    // ftrace's `(  TGID)` column, when the `record-tgid` option is on.
+    let s = match s.rfind('(') {
+        Some(i) if s.ends_with(')') => s[..i].trim_end(),
+        _ => s,
+    };
+    if let Some((comm, id)) = s.rsplit_once(char::is_whitespace) {
+        let id = id.split('/').next_back().unwrap_or(id);
+        if let Ok(pid) = id.parse::<u32>() {
+            return Ok((comm.trim(), pid, false));
+        }
+    }
+    if let Some((comm, id)) = s.rsplit_once('-') {
+        if let Ok(pid) = id.parse::<u32>() {
+            return Ok((comm.trim(), pid, true));
+        }
+    }
+    Err(format!("no task id before the CPU column in {s:?}"))
+}
+
+/// The name of a vmalloc event, without its system; `None` for other events.
+pub fn vmalloc_event(event: &str) -> Option<&str> {
+    let name = event.strip_prefix("vmalloc:").unwrap_or(event);
+    matches!(
+        name,
+        "alloc_vmap_area" | "free_vmap_area_noflush" | "purge_vmap_area_lazy"
+    )
+    .then_some(name)
+}
+
+/// Reads the fields of one vmalloc event by name.
+pub fn event(name: &str, rest: &str) -> Result<Event, String> {
+    let f = Fields::new(rest);
+    match name {
+        "alloc_vmap_area" => Ok(Event::Alloc {
+            addr: f.num("va_start")?,
+            size: f.num("size")?,
+            align: f.num("align")?,
+            vstart: f.num("vstart")?,
+            vend: f.num("vend")?,
+            failed: f.signed("failed")? as i32,
+        }),
+        "free_vmap_area_noflush" => Ok(Event::Free {
+            va_start: f.num("va_start")?,
+            nr_lazy: f.num("nr_lazy")?,
+            nr_lazy_max: f.num("nr_lazy_max")?,
+        }),
+        "purge_vmap_area_lazy" => {
+            let n = f.num("num_purged")?;
+            Ok(Event::Purge {
+                start: f.num("start")?,
+                end: f.num("end")?,
+                npurged: u32::try_from(n).map_err(|_| format!("num_purged {n} too large"))?,
+            })
+        }
+        other => Err(format!("not a vmalloc event: {other}")),
+    }
+}
+
+/// `name=value` and `name: value` pairs of the kernel's print format.
+struct Fields<'a> {
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(s: &'a str) -> Self {
+        let mut pairs = Vec::new();
+        let toks: Vec<&str> = s.split_whitespace().collect();
+        let mut i = 0;
+        while i < toks.len() {
+            let t = toks[i];
+            if let Some((k, v)) = t.split_once('=') {
+                pairs.push((k, v));
+            } else if let Some(k) = t.strip_suffix(':') {
+                if let Some(v) = toks.get(i + 1) {
+                    pairs.push((k, v));
+                    i += 1;
+                }
+            }
+            i += 1;
+        }
+        Fields { pairs }
+    }
+
+    fn text(&self, name: &str) -> Result<&'a str, String> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| format!("no {name} field"))
+    }
+
+    fn num(&self, name: &str) -> Result<u64, String> {
+        let v = self.text(name)?.trim_end_matches(',');
+        let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => v.parse::<u64>(),
+        };
+        parsed.map_err(|e| format!("{name}={v}: {e}"))
+    }
+
+    fn signed(&self, name: &str) -> Result<i64, String> {
+        let v = self.text(name)?.trim_end_matches(',');
+        v.parse::<i64>().map_err(|e| format!("{name}={v}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Lines printed on the reference machine (Linux 6.18) by `perf script` after
+    // `perf record -e 'vmalloc:*' -a`.
+    const PERF_ALLOC: &str = "         vmtrace 13057 [000] 16736.414516:        vmalloc:alloc_vmap_area: va_start: 18446683600571846656 size=12288 align=4096 vstart=0xffffc90000000000 vend=0xffffe8ffffffffff failed=0";
+    const PERF_FREE: &str = " kworker/u8:3-ev  3357 [000] 16736.414720: vmalloc:free_vmap_area_noflush: va_start=0xffffc900001bd000 nr_lazy=3140 nr_lazy_max=16384";
+    const PERF_PURGE: &str = " kworker/u8:3-ev  3357 [000] 16736.428237:   vmalloc:purge_vmap_area_lazy: start=0xffffc900000d3000 end=0xffffc900414c5000 num_purged=858";
+
+    #[test]
+    fn perf_script_lines() {
+        let p = prefix(PERF_ALLOC).unwrap().unwrap();
+        assert_eq!(
+            (p.comm.as_str(), p.pid, p.cpu, p.ts_ns, p.frac_digits),
+            ("vmtrace", 13057, 0, 16_736_414_516_000, 6)
+        );
+        assert!(!p.dashed);
+        assert_eq!(vmalloc_event(&p.event), Some("alloc_vmap_area"));
+        assert_eq!(
+            event("alloc_vmap_area", &p.rest).unwrap(),
+            Event::Alloc {
+                addr: 18446683600571846656,
+                size: 12288,
+                align: 4096,
+                vstart: 0xffffc90000000000,
+                vend: 0xffffe8ffffffffff,
+                failed: 0
+            }
+        );
+        // A command name with a slash and a dash.
+        let p = prefix(PERF_FREE).unwrap().unwrap();
+        assert_eq!((p.comm.as_str(), p.pid), ("kworker/u8:3-ev", 3357));
+        assert_eq!(
+            event("free_vmap_area_noflush", &p.rest).unwrap(),
+            Event::Free {
+                va_start: 0xffffc900001bd000,
+                nr_lazy: 3140,
+                nr_lazy_max: 16384
+            }
+        );
+        let p = prefix(PERF_PURGE).unwrap().unwrap();
+        assert_eq!(
+            event("purge_vmap_area_lazy", &p.rest).unwrap(),
+            Event::Purge {
+                start: 0xffffc900000d3000,
+                end: 0xffffc900414c5000,
+                npurged: 858
+            }
+        );
+    }
+
+    #[test]
+    fn ftrace_and_trace_cmd_lines() {
+        // tracefs `trace`, with the latency flags and the tgid column; a command with a space.
+        let l = "     my worker-4242    (   4240) [001] d..1. 16736.414802123: free_vmap_area_noflush: va_start=0xffffc90000200000 nr_lazy=18 nr_lazy_max=16384";
+        let p = prefix(l).unwrap().unwrap();
+        assert_eq!(
+            (p.comm.as_str(), p.pid, p.cpu, p.ts_ns, p.frac_digits),
+            ("my worker", 4242, 1, 16_736_414_802_123, 9)
+        );
+        assert!(p.dashed);
+        // trace-cmd report: no flags column.
+        let l = "        stress-0-13059 [000] 16736.414802: alloc_vmap_area:      va_start: 18446683600669249536 size=73728 align=4096 vstart=0xffffc90000000000 vend=0xffffe8ffffffffff failed=0";
+        let p = prefix(l).unwrap().unwrap();
+        assert_eq!((p.comm.as_str(), p.pid, p.cpu), ("stress-0", 13059, 0));
+        assert!(event(vmalloc_event(&p.event).unwrap(), &p.rest).is_ok());
+    }
+
+    #[test]
+    fn what_is_not_an_event_and_what_is_broken() {
+        assert!(prefix("# tracer: nop").is_none());
+        assert!(prefix("").is_none());
+        assert!(prefix("cpus=2").is_none());
+        let bad = " kworker/u8:3-ev  3357 [000] 16736.414720: vmalloc:free_vmap_area_noflush: va_start=0xzz nr_lazy=1 nr_lazy_max=2";
+        let p = prefix(bad).unwrap().unwrap();
+        let e = event("free_vmap_area_noflush", &p.rest).unwrap_err();
+        assert!(e.contains("va_start"), "{e}");
+        let missing = event("purge_vmap_area_lazy", "start=0x1 end=0x2").unwrap_err();
+        assert!(missing.contains("num_purged"), "{missing}");
+        assert!(vmalloc_event("sched:sched_switch").is_none());
+    }
+}

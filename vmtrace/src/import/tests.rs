@@ -1,0 +1,215 @@
+use std::io::{BufRead, Cursor};
+
+use super::*;
+use crate::trace::TraceReader;
+
+/// 600 lines of `perf script` after `perf record -e 'vmalloc:*' -a -- vmtrace stress
+/// random-size --loops 3000` on the reference machine (Linux 6.18, 2 CPUs).
+const PERF: &str = include_str!("../../tests/fixtures/import/perf-script.txt");
+/// The tracefs `trace` file after `vmtrace stress random-size --threads 2 --loops 300` with
+/// `events/vmalloc/enable` set, on the same machine.
+const FTRACE: &str = include_str!("../../tests/fixtures/import/ftrace.txt");
+
+fn run(text: &str, opts: &ImportOptions) -> Result<(ImportSummary, Vec<Record>), ImportError> {
+    let mut out = Vec::new();
+    let s = import(|| Ok(Cursor::new(text.as_bytes())), opts, &mut out)?;
+    let records = TraceReader::new(Cursor::new(out))
+        .map(|r| r.expect("the imported trace reads back"))
+        .collect();
+    Ok((s, records))
+}
+
+/// The vmalloc event lines of a fixture, by kind.
+fn kinds(text: &str) -> EventCounts {
+    let mut c = EventCounts::default();
+    for l in text.lines() {
+        if l.contains("alloc_vmap_area:") {
+            c.alloc += 1;
+        } else if l.contains("free_vmap_area_noflush:") {
+            c.free += 1;
+        } else if l.contains("purge_vmap_area_lazy:") {
+            c.purge += 1;
+        }
+    }
+    c
+}
+
+fn header(records: &[Record]) -> &Header {
+    match &records[0] {
+        Record::Header(h) => h,
+        other => panic!("first record {other:?}"),
+    }
+}
+
+fn check_fixture(text: &str, want: Format) {
+    let (s, records) = run(text, &ImportOptions::default()).unwrap();
+    assert_eq!(s.format, want);
+    assert_eq!(s.events, kinds(text));
+    assert!(s.events.alloc > 0 && s.events.free > 0 && s.events.purge > 0);
+    let h = header(&records);
+    let imported = h.imported.as_ref().expect("imported header");
+    assert_eq!(imported.from, want.name());
+    assert_eq!(h.vmap.lazy_max_pages_tracepoint, Some(16384));
+    assert_eq!(h.vmap.vmalloc_start, Some(KAddr(0xffff_c900_0000_0000)));
+    assert_eq!(h.vmap.vmalloc_end, Some(KAddr(0xffff_e8ff_ffff_ffff)));
+    assert!(h.system.possible_cpus >= 1);
+    assert!(imported
+        .inferred
+        .iter()
+        .any(|n| n.contains("possible CPUs")));
+    assert!(matches!(records[1], Record::Vmallocinfo(_)));
+    assert!(matches!(records.last(), Some(Record::Footer(_))));
+    // Time order kept, strictly within each µs of the input.
+    let mut last = 0;
+    let mut n = 0;
+    for r in &records {
+        let ts = match r {
+            Record::Alloc(a) => a.ctx.ts_ns,
+            Record::Free(f) => f.ctx.ts_ns,
+            Record::Purge(p) => p.ctx.ts_ns,
+            _ => continue,
+        };
+        assert!(ts > last, "{ts} after {last}");
+        last = ts;
+        n += 1;
+    }
+    assert_eq!(n, s.events.total());
+}
+
+#[test]
+fn a_perf_script_recording_imports_every_event() {
+    check_fixture(PERF, Format::PerfScript);
+    // The first alloc of the fixture, field by field.
+    let (_, records) = run(PERF, &ImportOptions::default()).unwrap();
+    let Some(Record::Alloc(a)) = records.iter().find(|r| matches!(r, Record::Alloc(_))) else {
+        panic!("no alloc");
+    };
+    assert_eq!(a.ctx.comm.as_str(), "vmtrace");
+    assert_eq!(a.ctx.pid, 13057);
+    assert_eq!(a.addr, KAddr(18446683600571846656));
+    assert_eq!((a.size, a.align, a.failed), (12288, 4096, 0));
+}
+
+#[test]
+fn an_ftrace_file_imports_every_event() {
+    check_fixture(FTRACE, Format::Ftrace);
+}
+
+#[test]
+fn given_facts_win_over_inferred_ones() {
+    let dump = "0xffffc90000000000-0xffffc90000005000   20480 fork_idle+0x5b/0x150 pages=4 vmalloc\n\
+                0xffffc90000005000-0xffffc90000007000    8192 acpi_os_map_iomem+0x1ae/0x1e0 phys=0x000000007ffe0000 ioremap\n";
+    let areas = crate::host::vmallocinfo::parse(dump).unwrap();
+    let opts = ImportOptions {
+        from: Some(Format::PerfScript),
+        cpus: Some(16),
+        lazy_max: Some(40960),
+        snapshot: Some(areas),
+        ..ImportOptions::default()
+    };
+    let (s, records) = run(PERF, &opts).unwrap();
+    assert_eq!(s.cpus, 16);
+    let h = header(&records);
+    assert_eq!(h.vmap.nr_vmap_nodes, 16);
+    assert_eq!(h.vmap.lazy_max_pages_tracepoint, Some(40960));
+    let Record::Vmallocinfo(v) = &records[1] else {
+        panic!("no snapshot");
+    };
+    assert_eq!(v.areas.len(), 2);
+    assert!(!s.inferred.iter().any(|n| n.contains("possible CPUs")));
+}
+
+fn error_line(text: &str) -> (u64, String) {
+    match run(text, &ImportOptions::default()) {
+        Err(ImportError::Line { line, msg }) => (line, msg),
+        other => panic!("expected a line error, got {:?}", other.map(|r| r.0)),
+    }
+}
+
+#[test]
+fn bad_input_gets_its_line_number() {
+    let mut lines: Vec<&str> = PERF.lines().take(40).collect();
+    let at = (20..40)
+        .find(|&i| lines[i].contains("alloc_vmap_area:"))
+        .unwrap();
+    let broken = lines[at].replace("size=", "size=x");
+    lines[at] = &broken;
+    let (line, msg) = error_line(&lines.join("\n"));
+    assert_eq!(line, at as u64 + 1, "{msg}");
+    assert!(msg.contains("size"), "{msg}");
+
+    // Time going backwards.
+    let a = PERF.lines().next().unwrap();
+    let earlier = a.replace("16736.414516", "16736.000001");
+    let (line, msg) = error_line(&format!("{a}\n{earlier}\n"));
+    assert_eq!(line, 2);
+    assert!(msg.contains("backwards"), "{msg}");
+
+    // A perf line in ftrace input.
+    let f = FTRACE
+        .lines()
+        .find(|l| l.contains("alloc_vmap_area:"))
+        .unwrap();
+    let (line, msg) = error_line(&format!("{f}\n{a}\n"));
+    assert_eq!(line, 2);
+    assert!(msg.contains("perf-script"), "{msg}");
+
+    // No vmalloc event at all: other events are counted, nothing is written.
+    let other = "  bash  1 [000] 1.000001: sched:sched_switch: prev_comm=bash\n# comment\n";
+    match run(other, &ImportOptions::default()) {
+        Err(ImportError::Empty { lines, other }) => assert_eq!((lines, other), (2, 1)),
+        r => panic!("{:?}", r.map(|r| r.0)),
+    }
+}
+
+#[test]
+fn events_of_other_tracepoints_are_counted_and_skipped() {
+    let mut text = String::new();
+    for l in PERF.lines().take(30) {
+        text.push_str(l);
+        text.push('\n');
+        text.push_str(
+            "     swapper     0 [001] 16736.500000: lock:contention_begin: 0xffff888100000000 (flags=SPIN)\n",
+        );
+    }
+    // The interleaved lines are out of time order only for other events, which are skipped
+    // before the order is checked.
+    let (s, _) = run(&text, &ImportOptions::default()).unwrap();
+    assert_eq!(s.other_events, 30);
+    assert_eq!(s.events.total(), 30);
+}
+
+#[test]
+fn both_passes_see_the_same_input() {
+    // The reader is opened twice; a second open that differed would show in the counts.
+    let opens = std::cell::Cell::new(0);
+    let mut out = Vec::new();
+    let s = import(
+        || -> std::io::Result<Box<dyn BufRead>> {
+            opens.set(opens.get() + 1);
+            Ok(Box::new(Cursor::new(PERF.as_bytes())))
+        },
+        &ImportOptions::default(),
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(opens.get(), 2);
+    assert_eq!(s.events, kinds(PERF));
+}
+
+proptest::proptest! {
+    /// Arbitrary text and arbitrary mutations of real lines never panic the parser.
+    #[test]
+    fn the_line_parser_never_panics(s in "\\PC{0,200}", cut in 0usize..400, junk in "\\PC{0,8}") {
+        let _ = parse::prefix(&s);
+        for l in PERF.lines().take(3).chain(FTRACE.lines().skip(12).take(3)) {
+            let at = l.char_indices().map(|(i, _)| i).nth(cut % l.chars().count().max(1)).unwrap_or(0);
+            let mutated = format!("{}{junk}{}", &l[..at], &l[at..]);
+            if let Some(Ok(p)) = parse::prefix(&mutated) {
+                if let Some(name) = parse::vmalloc_event(&p.event) {
+                    let _ = parse::event(name, &p.rest);
+                }
+            }
+        }
+    }
+}
