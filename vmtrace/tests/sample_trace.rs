@@ -135,3 +135,31 @@ fn page_tables_are_validated_on_what_the_trace_added() {
     assert_eq!(pte["predicted"].as_f64(), Some(all - seeded));
     assert!(pte["observed"].as_f64().unwrap() < all, "{pte}");
 }
+
+/// The README's screen shows the bundled trace's placement after warm-up, strict and explained,
+/// as the model gives it now: a model change that moves them must update the screen.
+#[test]
+fn the_readme_screen_shows_the_bundled_traces_warmed_up_placement() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let input = vmtrace::trace::compress::open(&sample()).unwrap();
+    let r = vmtrace::replay::replay(input, &vmtrace::replay::ReplayOptions::default()).unwrap();
+    let warm = &r.placement_after_warmup;
+    assert!(
+        warm.compared > 10_000,
+        "{} compared after warm-up",
+        warm.compared
+    );
+    let line = format!(
+        "warmed-up strict {:.1}%  explained {:.1}% ({})",
+        r.strict.placement_after_warmup.percent(),
+        warm.percent(),
+        warm.compared
+    );
+    assert!(
+        readme.contains(&line),
+        "README.md's screen lacks `{line}`: rerun `vmtrace top --replay vmtrace/assets/sample-trace.jsonl.zst -b -n 1 -d 1s`"
+    );
+    // Past warm-up, the model places nearly every allocation the kernel did.
+    assert!(r.strict.placement_after_warmup.percent() > 95.0);
+}

@@ -164,6 +164,13 @@ pub struct ModelView {
     pub strict_placement_pct: f64,
     pub strict_nr_lazy_pct: f64,
     pub strict_npurged_pct: f64,
+    /// Placement after warm-up (from the first purge on, when the model's pools and lazy
+    /// lists have been through one drain), strict and explained: the figures that say how the
+    /// model does once it is past the state no snapshot shows.
+    pub warm_strict_pct: f64,
+    pub warm_pct: f64,
+    pub warm_compared: u64,
+    pub warmup_line: Option<usize>,
     pub placement_pct: f64,
     pub placement_compared: u64,
     pub nr_lazy_pct: f64,

@@ -475,6 +475,10 @@ pub fn model(f: &mut Frame, area: Rect, app: &App) {
                 m.strict_placement_pct, m.placement_pct, m.placement_compared
             )),
             Line::from(format!(
+                " warmed-up strict {:.1}%  explained {:.1}% ({})",
+                m.warm_strict_pct, m.warm_pct, m.warm_compared
+            )),
+            Line::from(format!(
                 "nr_lazy   strict {:.1}%  explained {:.1}%",
                 m.strict_nr_lazy_pct, m.nr_lazy_pct
             )),
@@ -482,12 +486,27 @@ pub fn model(f: &mut Frame, area: Rect, app: &App) {
                 "npurged   strict {:.1}%  explained {:.1}%",
                 m.strict_npurged_pct, m.npurged_pct
             )),
-            Line::from(format!("high-water model  {}", m.predicted_high_water)),
-            Line::from(format!("high-water kernel {}", m.observed_high_water)),
+            Line::from(format!(
+                "high-water kernel {}, model {}",
+                m.observed_high_water,
+                high_water_gap(&m.observed_high_water, &m.predicted_high_water)
+            )),
             Line::from(m.scope.clone()),
         ],
     };
     f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+}
+
+/// The model's high-water mark against the kernel's, both `0x…` text: "same", or how far
+/// above or below, so the panel needs one line for both.
+fn high_water_gap(observed: &str, predicted: &str) -> String {
+    let parse = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    match (parse(observed), parse(predicted)) {
+        (Some(o), Some(p)) if o == p => "same".into(),
+        (Some(o), Some(p)) if p > o => format!("+{}", bytes(p - o)),
+        (Some(o), Some(p)) => format!("-{}", bytes(o - p)),
+        _ => predicted.to_string(),
+    }
 }
 
 /// The key line at the bottom.

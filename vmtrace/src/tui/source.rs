@@ -110,10 +110,23 @@ fn model_of(spec: &ReplaySpec) -> Result<ModelView, String> {
         )
     };
     Ok(ModelView {
-        scope: format!("whole trace, {} variant", r.variant.name()),
+        scope: match r.warmup_line {
+            Some(l) => format!(
+                "whole trace, {} variant; warm-up ends at line {l}",
+                r.variant.name()
+            ),
+            None => format!(
+                "whole trace, {} variant; no warm-up (no purge)",
+                r.variant.name()
+            ),
+        },
         strict_placement_pct: r.strict.placement.percent(),
         strict_nr_lazy_pct: r.strict.nr_lazy.percent(),
         strict_npurged_pct: r.strict.npurged.percent(),
+        warm_strict_pct: r.strict.placement_after_warmup.percent(),
+        warm_pct: r.placement_after_warmup.percent(),
+        warm_compared: r.placement_after_warmup.compared,
+        warmup_line: r.warmup_line,
         placement_pct: r.placement.percent(),
         placement_compared: r.placement.compared,
         nr_lazy_pct: r.nr_lazy.percent(),
