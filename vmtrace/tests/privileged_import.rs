@@ -149,70 +149,74 @@ fn perf_script_imports_as_the_native_recording() {
 
     // The same events in the same order, once every probe of the recorder is attached (it
     // attaches the three tracepoints one after another, so the first milliseconds of the
-    // native recording lack the kinds attached last).
+    // native recording lack the kinds attached last). Per CPU: on one CPU the order is the
+    // kernel's, while the two tools order close events of different CPUs by their own stamps,
+    // taken at different points of the tracepoint. So each CPU's span is anchored on its first
+    // event rather than cut by time, and must then match event for event.
     let settled = nat_events
         .iter()
         .find(|e| e.0 == "free")
         .map(|e| e.2 + 10_000_000)
         .unwrap();
     let tail = last - 10_000_000;
-    // The two tools stamp an event at different points of the tracepoint, so a time window
-    // would cut them differently at its ends: anchor both ends on the same event instead.
-    let s = nat_events.iter().position(|e| e.2 >= settled).unwrap();
-    let e = nat_events.iter().rposition(|e| e.2 <= tail).unwrap();
-    let find = |n: &Ev| -> usize {
-        imp_events
+    let cpus = nat_events.iter().map(|e| e.3).max().unwrap_or(0);
+    let mut compared = 0;
+    let mut per_kind = std::collections::BTreeMap::<&str, usize>::new();
+    for cpu in 0..=cpus {
+        let x: Vec<&Ev> = nat_events
+            .iter()
+            .filter(|e| e.3 == cpu && (settled..tail).contains(&e.2))
+            .collect();
+        let y_all: Vec<&Ev> = imp_events.iter().filter(|e| e.3 == cpu).collect();
+        let Some(first) = x.first() else {
+            continue;
+        };
+        let start = y_all
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.0 == n.0 && m.1 == n.1)
-            .min_by_key(|(_, m)| (m.2 + offset).abs_diff(n.2))
+            .filter(|(_, m)| m.0 == first.0 && m.1 == first.1)
+            .min_by_key(|(_, m)| (m.2 + offset).abs_diff(first.2))
             .map(|(i, _)| i)
-            .unwrap_or_else(|| panic!("{n:?} is not in the imported trace"))
-    };
-    let (s2, e2) = (find(&nat_events[s]), find(&nat_events[e]));
-    let strip = |ev: &[Ev]| -> Vec<(&'static str, u64, u32)> {
-        ev.iter().map(|e| (e.0, e.1, e.3)).collect()
-    };
-    let a = strip(&nat_events[s..=e]);
-    let b = strip(&imp_events[s2..=e2]);
-    println!(
-        "native {} events, imported {}; compared {} against {} in the settled window",
-        nat_events.len(),
-        imp_events.len(),
-        a.len(),
-        b.len()
-    );
-    assert!(a.len() > 10_000, "{} events", a.len());
-    let count = |v: &[(&str, u64, u32)], k: &str| v.iter().filter(|e| e.0 == k).count();
-    for k in ["alloc", "free", "purge"] {
-        assert_eq!(count(&a, k), count(&b, k), "{k} count");
-    }
-    // The tools order events of different CPUs by their own stamps, so two events close in
-    // time may swap; on one CPU the order is the kernel's, and must be the same.
-    let cpus = a.iter().map(|e| e.2).max().unwrap_or(0);
-    for cpu in 0..=cpus {
-        let on = |v: &[(&'static str, u64, u32)]| -> Vec<(&'static str, u64)> {
-            v.iter()
-                .filter(|e| e.2 == cpu)
-                .map(|e| (e.0, e.1))
-                .collect()
-        };
-        let (x, y) = (on(&a), on(&b));
-        let first = x.iter().zip(&y).position(|(p, q)| p != q);
+            .unwrap_or_else(|| panic!("CPU {cpu}: {first:?} is not in the imported trace"));
+        let y = &y_all[start..(start + x.len()).min(y_all.len())];
+        let key = |e: &&Ev| (e.0, e.1);
+        let differ = x
+            .iter()
+            .map(key)
+            .zip(y.iter().map(key))
+            .position(|(p, q)| p != q);
         assert!(
-            first.is_none() && x.len() == y.len(),
-            "CPU {cpu}: sequences differ at {first:?} ({} and {} events)",
+            differ.is_none() && y.len() == x.len(),
+            "CPU {cpu}: the imported events differ from event {differ:?} of {} (imported {})",
             x.len(),
             y.len()
         );
+        compared += x.len();
+        for e in &x {
+            *per_kind.entry(e.0).or_default() += 1;
+        }
     }
+    println!(
+        "native {} events, imported {}; {compared} compared event for event after the probes settled: {per_kind:?}",
+        nat_events.len(),
+        imp_events.len()
+    );
+    assert!(compared > 10_000, "{compared} events compared");
 
-    // Replay agrees with itself across the two sources.
+    // Replay agrees with itself across the two sources, within 0.5 points. The imported
+    // events of different CPUs can be ordered differently (above), which may move a purge's
+    // batch by an area: where 0.5 points is less than two events of the figure (`npurged`
+    // compares a few hundred purges), two events is the bound.
     let rn = common::vmtrace_json(&["replay", "--json"], &native);
     let ri = common::vmtrace_json(&["replay", "--json"], &imported);
     for m in ["placement", "placement_after_warmup", "nr_lazy", "npurged"] {
         let (x, y) = (strict(&rn, m), strict(&ri, m));
-        println!("strict {m}: native {x:.2} %, imported {y:.2} %");
-        assert!((x - y).abs() <= 0.5, "{m}: native {x:.2}, imported {y:.2}");
+        let n = rn[0]["strict"][m]["compared"].as_f64().unwrap();
+        let bound = (200.0 / n).max(0.5);
+        println!("strict {m}: native {x:.2} %, imported {y:.2} % (bound {bound:.2} points)");
+        assert!(
+            (x - y).abs() <= bound,
+            "{m}: native {x:.2}, imported {y:.2}"
+        );
     }
 }
