@@ -33,6 +33,12 @@ pub struct ImportArgs {
     #[arg(long, value_name = "DUMP")]
     pub vmallocinfo: Option<PathBuf>,
 
+    /// When the dump was taken, as SECS.FRAC in the input's own clock (the tool's timestamps).
+    /// Default: estimated as the point among the events where the dump fits them best
+    /// (docs/import.md); the header says which.
+    #[arg(long, value_name = "SECS", requires = "vmallocinfo", value_parser = parse_secs)]
+    pub vmallocinfo_at: Option<u64>,
+
     /// Possible CPUs of the recorded machine (the node count and zone size follow from it).
     /// Default: the highest CPU in the input plus one, with a note in the header.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8192))]
@@ -75,6 +81,7 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
         cpus: args.cpus,
         lazy_max: args.lazy_max,
         snapshot,
+        snapshot_at: args.vmallocinfo_at,
         input: args.input.display().to_string(),
         command_line: std::env::args().collect(),
     };
@@ -124,4 +131,38 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
         eprintln!("  inferred: {note}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `SECS.FRAC` (up to 9 fractional digits) as nanoseconds.
+fn parse_secs(s: &str) -> Result<u64, String> {
+    let (secs, frac) = s.split_once('.').unwrap_or((s, ""));
+    if secs.is_empty()
+        || frac.len() > 9
+        || !secs.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+    {
+        return Err(format!("`{s}` is not SECS.FRAC (e.g. 16736.414516)"));
+    }
+    let whole: u64 = secs.parse().map_err(|e| format!("`{s}`: {e}"))?;
+    let part: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u64>().map_err(|e| format!("`{s}`: {e}"))? * 10u64.pow(9 - frac.len() as u32)
+    };
+    whole
+        .checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(part))
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seconds_parse_to_nanoseconds() {
+        assert_eq!(super::parse_secs("16736.414516"), Ok(16_736_414_516_000));
+        assert_eq!(super::parse_secs("2"), Ok(2_000_000_000));
+        assert_eq!(super::parse_secs("1.000000001"), Ok(1_000_000_001));
+        assert!(super::parse_secs("1.0000000001").is_err());
+        assert!(super::parse_secs("-1").is_err());
+        assert!(super::parse_secs("x.5").is_err());
+    }
 }

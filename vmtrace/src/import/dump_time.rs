@@ -106,8 +106,9 @@ impl DumpCut {
         self.n == 0
     }
 
-    /// The cut with the fewest disagreements.
-    pub fn best(mut self) -> Cut {
+    /// The cut with the fewest disagreements, or the one given (`at`: events before the dump,
+    /// when its time is known), with its count.
+    pub fn cut(mut self, at: Option<usize>) -> Cut {
         let n = self.n;
         // After each address's last event, its state holds to the end.
         for (addr, (j, s)) in std::mem::take(&mut self.last) {
@@ -127,12 +128,20 @@ impl DumpCut {
             if i == 0 {
                 best.at_start = run;
             }
-            if run < best.disagreements {
+            let chosen = match at {
+                Some(k) => i == k.min(n),
+                None => run < best.disagreements,
+            };
+            if chosen {
                 best.index = i;
                 best.disagreements = run;
             }
         }
         best
+    }
+
+    pub fn best(self) -> Cut {
+        self.cut(None)
     }
 }
 
@@ -207,5 +216,15 @@ mod tests {
         d.event(0x6000, true);
         let cut = d.best();
         assert_eq!((cut.index, cut.disagreements), (1, 0));
+    }
+
+    #[test]
+    fn a_given_cut_reports_its_own_disagreements() {
+        let mut d = DumpCut::new(&[area(0x5000, AreaKind::Busy)]);
+        d.event(0x5000, true);
+        d.event(0x5000, false);
+        // Before the allocation: x is not busy, the dump says busy.
+        let cut = d.cut(Some(0));
+        assert_eq!((cut.index, cut.disagreements, cut.at_start), (0, 1, 1));
     }
 }

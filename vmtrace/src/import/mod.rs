@@ -54,6 +54,8 @@ pub struct ImportOptions {
     pub lazy_max: Option<u64>,
     /// The start snapshot, from a `/proc/vmallocinfo` dump taken with real addresses.
     pub snapshot: Option<Vec<VmallocArea>>,
+    /// When the dump was taken, in the input's clock (ns); `None`: estimated.
+    pub snapshot_at: Option<u64>,
     /// The input's name, for the header.
     pub input: String,
     pub command_line: Vec<String>,
@@ -283,7 +285,9 @@ pub fn import<R: BufRead, W: std::io::Write>(
     let snapshot_areas = match &opts.snapshot {
         Some(a) => {
             let n = stamps.len();
-            let c = cut.take().map(|c| c.best()).unwrap_or(dump_time::Cut {
+            // A given time places the dump before the first event at or after it.
+            let given = opts.snapshot_at.map(|t| stamps.partition_point(|&s| s < t));
+            let c = cut.take().map(|c| c.cut(given)).unwrap_or(dump_time::Cut {
                 index: 0,
                 disagreements: 0,
                 at_start: 0,
@@ -291,8 +295,13 @@ pub fn import<R: BufRead, W: std::io::Write>(
             if c.index > 0 {
                 snapshot_at = stamps.get(c.index).copied().unwrap_or(facts.last_ts + 1);
             }
+            let how = if given.is_some() {
+                "at the time given"
+            } else {
+                "the cut where the fewest addresses' states disagree with the dump"
+            };
             inferred.push(format!(
-                "start snapshot: {} areas from the given /proc/vmallocinfo dump, placed before event {} of {n}: the cut where the fewest addresses' states disagree with the dump ({}, against {} before the first event); replay skips the events before it",
+                "start snapshot: {} areas from the given /proc/vmallocinfo dump, placed before event {} of {n}, {how} ({} disagreements, against {} before the first event); replay skips the events before it",
                 a.len(),
                 c.index,
                 c.disagreements,

@@ -213,3 +213,36 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_given_dump_time_places_the_snapshot() {
+    let dump =
+        "0xffffc90000000000-0xffffc90000005000   20480 fork_idle+0x5b/0x150 pages=4 vmalloc\n";
+    let areas = crate::host::vmallocinfo::parse(dump).unwrap();
+    // The 11th event line's time.
+    let tenth = PERF
+        .lines()
+        .filter_map(|l| parse::prefix(l).and_then(Result::ok))
+        .nth(10)
+        .unwrap()
+        .ts_ns;
+    let opts = ImportOptions {
+        snapshot: Some(areas),
+        snapshot_at: Some(tenth),
+        ..ImportOptions::default()
+    };
+    let (s, records) = run(PERF, &opts).unwrap();
+    let Record::Vmallocinfo(v) = &records[1] else {
+        panic!("no snapshot");
+    };
+    assert_eq!(v.ts_start_ns, tenth);
+    let note = s
+        .inferred
+        .iter()
+        .find(|n| n.starts_with("start snapshot"))
+        .unwrap();
+    assert!(
+        note.contains("before event 10 of") && note.contains("at the time given"),
+        "{note}"
+    );
+}
