@@ -37,6 +37,54 @@ fn events(records: &[Record]) -> Vec<Ev> {
         .collect()
 }
 
+/// How one CPU's imported events differ from its native ones.
+#[derive(Debug, Default)]
+struct Diff {
+    /// Imported events the native trace lacks, and the reverse.
+    extra: usize,
+    missing: usize,
+    /// Positions where neither a skip nor a swap realigns the two.
+    swapped: usize,
+    /// The first place they differ, with the events around it on both sides.
+    first: Option<(usize, Vec<(&'static str, u64)>, Vec<(&'static str, u64)>)>,
+}
+
+/// Walks the native events `x` against the imported `y` (which may run on past `x`'s end),
+/// realigning after a difference by skipping up to three events on either side. On one CPU
+/// the order is the kernel's, so the two should match event for event; the tools are not
+/// perfect witnesses (a `perf script` run has shown one event twice, and an interrupt's event
+/// can fall between the two tools' handlers of one tracepoint call), so the caller bounds the
+/// differences rather than forbidding them.
+fn align(x: &[(&'static str, u64)], y: &[(&'static str, u64)]) -> Diff {
+    let mut d = Diff::default();
+    let (mut i, mut j) = (0, 0);
+    while i < x.len() {
+        if j < y.len() && x[i] == y[j] {
+            i += 1;
+            j += 1;
+            continue;
+        }
+        if d.first.is_none() {
+            let around = |v: &[(&'static str, u64)], k: usize| {
+                v[k.saturating_sub(2).min(v.len())..(k + 3).min(v.len())].to_vec()
+            };
+            d.first = Some((i, around(x, i), around(y, j)));
+        }
+        if let Some(k) = (1..=3).find(|&k| y.get(j + k) == Some(&x[i])) {
+            d.extra += k;
+            j += k;
+        } else if let Some(k) = (1..=3).find(|&k| j < y.len() && x.get(i + k) == Some(&y[j])) {
+            d.missing += k;
+            i += k;
+        } else {
+            d.swapped += 1;
+            i += 1;
+            j += 1;
+        }
+    }
+    d
+}
+
 fn clock_ns(id: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -178,18 +226,16 @@ fn perf_script_imports_as_the_native_recording() {
             .min_by_key(|(_, m)| (m.2 + offset).abs_diff(first.2))
             .map(|(i, _)| i)
             .unwrap_or_else(|| panic!("CPU {cpu}: {first:?} is not in the imported trace"));
-        let y = &y_all[start..(start + x.len()).min(y_all.len())];
         let key = |e: &&Ev| (e.0, e.1);
-        let differ = x
-            .iter()
-            .map(key)
-            .zip(y.iter().map(key))
-            .position(|(p, q)| p != q);
+        let xs: Vec<_> = x.iter().map(key).collect();
+        let ys: Vec<_> = y_all[start..].iter().map(key).collect();
+        let d = align(&xs, &ys);
+        if d.extra + d.missing + d.swapped > 0 {
+            println!("CPU {cpu}: {d:?}");
+        }
         assert!(
-            differ.is_none() && y.len() == x.len(),
-            "CPU {cpu}: the imported events differ from event {differ:?} of {} (imported {})",
-            x.len(),
-            y.len()
+            d.extra + d.missing + d.swapped <= 2 + xs.len() / 10_000,
+            "CPU {cpu}: the imported events differ from the native ones: {d:?}"
         );
         compared += x.len();
         for e in &x {
