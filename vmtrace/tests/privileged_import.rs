@@ -37,6 +37,9 @@ fn events(records: &[Record]) -> Vec<Ev> {
         .collect()
 }
 
+/// An event's kind and address.
+type Key = (&'static str, u64);
+
 /// How one CPU's imported events differ from its native ones.
 #[derive(Debug, Default)]
 struct Diff {
@@ -46,7 +49,7 @@ struct Diff {
     /// Positions where neither a skip nor a swap realigns the two.
     swapped: usize,
     /// The first place they differ, with the events around it on both sides.
-    first: Option<(usize, Vec<(&'static str, u64)>, Vec<(&'static str, u64)>)>,
+    first: Option<(usize, Vec<Key>, Vec<Key>)>,
 }
 
 /// Walks the native events `x` against the imported `y` (which may run on past `x`'s end),
@@ -55,7 +58,7 @@ struct Diff {
 /// perfect witnesses (a `perf script` run has shown one event twice, and an interrupt's event
 /// can fall between the two tools' handlers of one tracepoint call), so the caller bounds the
 /// differences rather than forbidding them.
-fn align(x: &[(&'static str, u64)], y: &[(&'static str, u64)]) -> Diff {
+fn align(x: &[Key], y: &[Key]) -> Diff {
     let mut d = Diff::default();
     let (mut i, mut j) = (0, 0);
     while i < x.len() {
@@ -65,7 +68,7 @@ fn align(x: &[(&'static str, u64)], y: &[(&'static str, u64)]) -> Diff {
             continue;
         }
         if d.first.is_none() {
-            let around = |v: &[(&'static str, u64)], k: usize| {
+            let around = |v: &[Key], k: usize| {
                 v[k.saturating_sub(2).min(v.len())..(k + 3).min(v.len())].to_vec()
             };
             d.first = Some((i, around(x, i), around(y, j)));
