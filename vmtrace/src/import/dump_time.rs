@@ -139,10 +139,6 @@ impl DumpCut {
         }
         best
     }
-
-    pub fn best(self) -> Cut {
-        self.cut(None)
-    }
 }
 
 #[cfg(test)]
@@ -183,7 +179,7 @@ mod tests {
         ] {
             d.event(addr, busy);
         }
-        let cut = d.best();
+        let cut = d.cut(None);
         assert_eq!(cut.index, 3);
         assert_eq!(cut.disagreements, 0);
         assert_eq!(cut.at_start, 3);
@@ -196,7 +192,7 @@ mod tests {
         for a in [0x1000, 0x2000, 0x3000] {
             d.event(a, true);
         }
-        let cut = d.best();
+        let cut = d.cut(None);
         assert_eq!((cut.index, cut.disagreements), (0, 0));
     }
 
@@ -207,14 +203,14 @@ mod tests {
         d.event(0x5000, true);
         d.event(0x5000, false);
         d.event(0x6000, true);
-        let cut = d.best();
+        let cut = d.cut(None);
         assert_eq!((cut.index, cut.disagreements), (0, 0));
         // Busy in the dump instead: only the cut between the alloc and the free fits.
         let mut d = DumpCut::new(&[area(0x5000, AreaKind::Busy)]);
         d.event(0x5000, true);
         d.event(0x5000, false);
         d.event(0x6000, true);
-        let cut = d.best();
+        let cut = d.cut(None);
         assert_eq!((cut.index, cut.disagreements), (1, 0));
     }
 

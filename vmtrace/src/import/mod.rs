@@ -22,10 +22,10 @@ use thiserror::Error;
 use crate::model::{lazy_max_pages, NodeLayout};
 use crate::trace::wire::SystemFacts;
 use crate::trace::{
-    Alloc, Ctx, EventCounts, Footer, Free, Header, Imported, KAddr, Purge, Record, StopReason,
-    Tool, VmallocArea, VmallocSnapshot, VmapFacts, FORMAT, VERSION,
+    EventCounts, Footer, Header, Imported, KAddr, Record, StopReason, Tool, VmallocArea,
+    VmallocSnapshot, VmapFacts, FORMAT, VERSION,
 };
-use parse::{Event, Format};
+use parse::Format;
 
 /// x86_64's page size: none of the three formats prints it, and every vmalloc size is a
 /// multiple of it.
@@ -107,11 +107,12 @@ pub struct ImportSummary {
     pub inferred: Vec<String>,
 }
 
-/// One pass over the lines: calls `each` with every vmalloc event and its 1-based line number.
+/// One pass over the lines: calls `each` with every vmalloc event line's 1-based number, its
+/// columns and the event's name (`each` reads the fields, with the time it chooses).
 fn scan<R: BufRead>(
     input: R,
     from: Option<Format>,
-    mut each: impl FnMut(u64, &parse::Prefix, Event) -> Result<(), ImportError>,
+    mut each: impl FnMut(u64, &parse::Prefix, &str) -> Result<(), ImportError>,
 ) -> Result<(u64, Option<Format>, u64), ImportError> {
     let mut format = from;
     let mut n = 0u64;
@@ -150,8 +151,7 @@ fn scan<R: BufRead>(
             }
             _ => {}
         }
-        let ev = parse::event(name, &p.rest).map_err(|msg| ImportError::Line { line: n, msg })?;
-        each(n, &p, ev)?;
+        each(n, &p, name)?;
     }
     Ok((n, format, other))
 }
@@ -178,7 +178,9 @@ pub fn import<R: BufRead, W: std::io::Write>(
     // The written time of each event, to place the dump among them.
     let mut stamps = Vec::new();
     let mut clock = Clock::default();
-    let (lines, format, other) = scan(open()?, opts.from, |line, p, ev| {
+    let (lines, format, other) = scan(open()?, opts.from, |line, p, name| {
+        let rec = parse::record(name, &p.rest, parse::ctx(p, p.ts_ns))
+            .map_err(|msg| ImportError::Line { line, msg })?;
         facts.first_ts.get_or_insert(p.ts_ns);
         if p.ts_ns < facts.last_ts {
             return Err(ImportError::Line {
@@ -193,33 +195,26 @@ pub fn import<R: BufRead, W: std::io::Write>(
         facts.micro |= p.frac_digits <= 6;
         if let Some(c) = cut.as_mut() {
             stamps.push(clock.stamp(p));
-            match ev {
-                Event::Alloc {
-                    addr, failed: 0, ..
-                } => c.event(addr, true),
-                Event::Free { va_start, .. } => c.event(va_start, false),
+            match &rec {
+                Record::Alloc(a) if a.failed == 0 => c.event(a.addr.0, true),
+                Record::Free(f) => c.event(f.va_start.0, false),
                 // Failed attempts and purges name no area.
                 _ => c.other(),
             }
         }
         facts.max_cpu = facts.max_cpu.max(p.cpu);
-        match ev {
-            Event::Alloc {
-                vstart,
-                vend,
-                failed,
-                ..
-            } => {
+        match &rec {
+            Record::Alloc(a) => {
                 facts.events.alloc += 1;
-                if failed == 0 {
-                    *facts.ranges.entry((vstart, vend)).or_default() += 1;
+                if a.failed == 0 {
+                    *facts.ranges.entry((a.vstart.0, a.vend.0)).or_default() += 1;
                 }
             }
-            Event::Free { nr_lazy_max, .. } => {
+            Record::Free(f) => {
                 facts.events.free += 1;
-                facts.nr_lazy_max.get_or_insert(nr_lazy_max);
+                facts.nr_lazy_max.get_or_insert(f.nr_lazy_max);
             }
-            Event::Purge { .. } => facts.events.purge += 1,
+            _ => facts.events.purge += 1,
         }
         Ok(())
     })?;
@@ -383,53 +378,10 @@ pub fn import<R: BufRead, W: std::io::Write>(
         })),
     )?;
     let mut clock = Clock::default();
-    scan(open()?, Some(format), |_, p, ev| {
+    scan(open()?, Some(format), |line, p, name| {
         let ts = clock.stamp(p);
-        let ctx = Ctx {
-            ts_ns: ts,
-            cpu: p.cpu,
-            tgid: p.pid,
-            pid: p.pid,
-            comm: p.comm.clone(),
-        };
-        let r = match ev {
-            Event::Alloc {
-                addr,
-                size,
-                align,
-                vstart,
-                vend,
-                failed,
-            } => Record::Alloc(Alloc {
-                ctx,
-                addr: KAddr(addr),
-                size,
-                align,
-                vstart: KAddr(vstart),
-                vend: KAddr(vend),
-                failed,
-            }),
-            Event::Free {
-                va_start,
-                nr_lazy,
-                nr_lazy_max,
-            } => Record::Free(Free {
-                ctx,
-                va_start: KAddr(va_start),
-                nr_lazy,
-                nr_lazy_max,
-            }),
-            Event::Purge {
-                start,
-                end,
-                npurged,
-            } => Record::Purge(Purge {
-                ctx,
-                start: KAddr(start),
-                end: KAddr(end),
-                npurged,
-            }),
-        };
+        let r = parse::record(name, &p.rest, parse::ctx(p, ts))
+            .map_err(|msg| ImportError::Line { line, msg })?;
         put(&mut w, r)
     })?;
     put(

@@ -15,6 +15,8 @@
 
 use compact_str::CompactString;
 
+use crate::trace::{Alloc, Ctx, Free, KAddr, Purge, Record};
+
 /// Where the text came from; each tool puts the task's id in its own place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -58,29 +60,6 @@ pub struct Prefix {
     pub rest: String,
     /// The task id was printed as `COMM-PID` (trace-cmd, ftrace) rather than `COMM PID` (perf).
     pub dashed: bool,
-}
-
-/// A vmalloc event's fields.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    Alloc {
-        addr: u64,
-        size: u64,
-        align: u64,
-        vstart: u64,
-        vend: u64,
-        failed: i32,
-    },
-    Free {
-        va_start: u64,
-        nr_lazy: u64,
-        nr_lazy_max: u64,
-    },
-    Purge {
-        start: u64,
-        end: u64,
-        npurged: u32,
-    },
 }
 
 /// Splits a line into its columns; `None` for a line that is not an event line at all
@@ -192,30 +171,45 @@ pub fn vmalloc_event(event: &str) -> Option<&str> {
     .then_some(name)
 }
 
-/// Reads the fields of one vmalloc event by name.
-pub fn event(name: &str, rest: &str) -> Result<Event, String> {
+/// The task context of an event line, stamped `ts_ns` (the caller's, which keeps µs input in
+/// order).
+pub fn ctx(p: &Prefix, ts_ns: u64) -> Ctx {
+    Ctx {
+        ts_ns,
+        cpu: p.cpu,
+        tgid: p.pid,
+        pid: p.pid,
+        comm: p.comm.clone(),
+    }
+}
+
+/// Reads the fields of one vmalloc event by name into its trace record.
+pub fn record(name: &str, rest: &str, ctx: Ctx) -> Result<Record, String> {
     let f = Fields::new(rest);
     match name {
-        "alloc_vmap_area" => Ok(Event::Alloc {
-            addr: f.num("va_start")?,
+        "alloc_vmap_area" => Ok(Record::Alloc(Alloc {
+            ctx,
+            addr: KAddr(f.num("va_start")?),
             size: f.num("size")?,
             align: f.num("align")?,
-            vstart: f.num("vstart")?,
-            vend: f.num("vend")?,
+            vstart: KAddr(f.num("vstart")?),
+            vend: KAddr(f.num("vend")?),
             failed: f.signed("failed")? as i32,
-        }),
-        "free_vmap_area_noflush" => Ok(Event::Free {
-            va_start: f.num("va_start")?,
+        })),
+        "free_vmap_area_noflush" => Ok(Record::Free(Free {
+            ctx,
+            va_start: KAddr(f.num("va_start")?),
             nr_lazy: f.num("nr_lazy")?,
             nr_lazy_max: f.num("nr_lazy_max")?,
-        }),
+        })),
         "purge_vmap_area_lazy" => {
             let n = f.num("num_purged")?;
-            Ok(Event::Purge {
-                start: f.num("start")?,
-                end: f.num("end")?,
+            Ok(Record::Purge(Purge {
+                ctx,
+                start: KAddr(f.num("start")?),
+                end: KAddr(f.num("end")?),
                 npurged: u32::try_from(n).map_err(|_| format!("num_purged {n} too large"))?,
-            })
+            }))
         }
         other => Err(format!("not a vmalloc event: {other}")),
     }
@@ -273,6 +267,11 @@ impl<'a> Fields<'a> {
 mod tests {
     use super::*;
 
+    /// The record of a parsed line.
+    fn parsed(p: &Prefix) -> Record {
+        record(vmalloc_event(&p.event).unwrap(), &p.rest, ctx(p, p.ts_ns)).unwrap()
+    }
+
     // Lines printed on the reference machine (Linux 6.18) by `perf script` after
     // `perf record -e 'vmalloc:*' -a`.
     const PERF_ALLOC: &str = "         vmtrace 13057 [000] 16736.414516:        vmalloc:alloc_vmap_area: va_start: 18446683600571846656 size=12288 align=4096 vstart=0xffffc90000000000 vend=0xffffe8ffffffffff failed=0";
@@ -288,36 +287,33 @@ mod tests {
         );
         assert!(!p.dashed);
         assert_eq!(vmalloc_event(&p.event), Some("alloc_vmap_area"));
+        let Record::Alloc(a) = parsed(&p) else {
+            panic!("not an alloc")
+        };
+        assert_eq!(a.addr, KAddr(18446683600571846656));
+        assert_eq!((a.size, a.align, a.failed), (12288, 4096, 0));
         assert_eq!(
-            event("alloc_vmap_area", &p.rest).unwrap(),
-            Event::Alloc {
-                addr: 18446683600571846656,
-                size: 12288,
-                align: 4096,
-                vstart: 0xffffc90000000000,
-                vend: 0xffffe8ffffffffff,
-                failed: 0
-            }
+            (a.vstart, a.vend),
+            (KAddr(0xffffc90000000000), KAddr(0xffffe8ffffffffff))
         );
+        assert_eq!((a.ctx.pid, a.ctx.cpu, a.ctx.ts_ns), (13057, 0, p.ts_ns));
         // A command name with a slash and a dash.
         let p = prefix(PERF_FREE).unwrap().unwrap();
         assert_eq!((p.comm.as_str(), p.pid), ("kworker/u8:3-ev", 3357));
+        let Record::Free(f) = parsed(&p) else {
+            panic!("not a free")
+        };
         assert_eq!(
-            event("free_vmap_area_noflush", &p.rest).unwrap(),
-            Event::Free {
-                va_start: 0xffffc900001bd000,
-                nr_lazy: 3140,
-                nr_lazy_max: 16384
-            }
+            (f.va_start, f.nr_lazy, f.nr_lazy_max),
+            (KAddr(0xffffc900001bd000), 3140, 16384)
         );
         let p = prefix(PERF_PURGE).unwrap().unwrap();
+        let Record::Purge(g) = parsed(&p) else {
+            panic!("not a purge")
+        };
         assert_eq!(
-            event("purge_vmap_area_lazy", &p.rest).unwrap(),
-            Event::Purge {
-                start: 0xffffc900000d3000,
-                end: 0xffffc900414c5000,
-                npurged: 858
-            }
+            (g.start, g.end, g.npurged),
+            (KAddr(0xffffc900000d3000), KAddr(0xffffc900414c5000), 858)
         );
     }
 
@@ -335,7 +331,7 @@ mod tests {
         let l = "        stress-0-13059 [000] 16736.414802: alloc_vmap_area:      va_start: 18446683600669249536 size=73728 align=4096 vstart=0xffffc90000000000 vend=0xffffe8ffffffffff failed=0";
         let p = prefix(l).unwrap().unwrap();
         assert_eq!((p.comm.as_str(), p.pid, p.cpu), ("stress-0", 13059, 0));
-        assert!(event(vmalloc_event(&p.event).unwrap(), &p.rest).is_ok());
+        assert!(matches!(parsed(&p), Record::Alloc(_)));
     }
 
     #[test]
@@ -345,9 +341,9 @@ mod tests {
         assert!(prefix("cpus=2").is_none());
         let bad = " kworker/u8:3-ev  3357 [000] 16736.414720: vmalloc:free_vmap_area_noflush: va_start=0xzz nr_lazy=1 nr_lazy_max=2";
         let p = prefix(bad).unwrap().unwrap();
-        let e = event("free_vmap_area_noflush", &p.rest).unwrap_err();
+        let e = record("free_vmap_area_noflush", &p.rest, ctx(&p, 0)).unwrap_err();
         assert!(e.contains("va_start"), "{e}");
-        let missing = event("purge_vmap_area_lazy", "start=0x1 end=0x2").unwrap_err();
+        let missing = record("purge_vmap_area_lazy", "start=0x1 end=0x2", ctx(&p, 0)).unwrap_err();
         assert!(missing.contains("num_purged"), "{missing}");
         assert!(vmalloc_event("sched:sched_switch").is_none());
     }

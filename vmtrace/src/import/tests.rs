@@ -207,7 +207,7 @@ proptest::proptest! {
             let mutated = format!("{}{junk}{}", &l[..at], &l[at..]);
             if let Some(Ok(p)) = parse::prefix(&mutated) {
                 if let Some(name) = parse::vmalloc_event(&p.event) {
-                    let _ = parse::event(name, &p.rest);
+                    let _ = parse::record(name, &p.rest, parse::ctx(&p, 0));
                 }
             }
         }
