@@ -59,6 +59,15 @@ pub enum Command {
     /// `replay` and `top --replay` read. Facts the text lacks are inferred and listed in the
     /// header (docs/import.md).
     Import(crate::import::cli::ImportArgs),
+    /// Compare two recordings side by side, like `perf diff`: rates, sizes, latency, lock
+    /// waits per class, purges, backlog, footprint, page tables and tasks, each as A, B and
+    /// B/A, flagged when B/A is outside the recordings' own noise (docs/compare.md).
+    ///
+    /// Each recording is cut into time windows; a bootstrap over the windows gives a 95 %
+    /// interval for B/A, and a row is flagged when it leaves out 1 and the change is beyond
+    /// ±10 %. Recordings of different kernels or CPU counts are allowed: the header
+    /// differences are listed first.
+    Compare(crate::compare::cli::CompareArgs),
     /// Generate a synthetic trace shaped like lib/test_vmalloc.c, with addresses chosen by the
     /// allocator model and timestamps from a per-CPU timing model (docs/synth.md).
     Synth(crate::synth::cli::SynthArgs),

@@ -4,6 +4,7 @@
 
 pub mod allocinfo;
 pub mod cli;
+pub mod compare;
 pub mod export;
 pub mod host;
 pub mod import;

@@ -15,6 +15,7 @@ fn main() -> std::process::ExitCode {
         Command::Calibrate(args) => vmtrace::replay::cli::calibrate(args),
         Command::Synth(args) => vmtrace::synth::cli::run(args),
         Command::Import(args) => vmtrace::import::cli::run(args),
+        Command::Compare(args) => vmtrace::compare::cli::run(args),
         Command::Whatif(args) => vmtrace::whatif::cli::run(args),
         Command::Top(args) => vmtrace::tui::run(args),
         Command::Serve(args) => vmtrace::export::serve::run(args),

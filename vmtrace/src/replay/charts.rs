@@ -133,10 +133,11 @@ fn fonts() -> Result<(), ChartError> {
     }
 }
 
-type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+pub(crate) type DrawResult<DB> =
+    Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
 /// Anything drawable on any plotters backend (the same code makes the SVG and the PNG).
-trait Draw {
+pub(crate) trait Draw {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
 }
 
@@ -144,6 +145,18 @@ trait Draw {
 trait Chart: Draw {
     /// Index into [`CHARTS`].
     const INDEX: usize;
+}
+
+/// Writes any drawable as `STEM.svg` and `STEM.png` into `dir` (which must exist), with the
+/// embedded font registered: other reports (`vmtrace compare --report`) draw through it.
+pub(crate) fn write_drawn<C: Draw>(
+    dir: &Path,
+    stem: &'static str,
+    chart: &C,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), ChartError> {
+    fonts()?;
+    render_as(dir, stem, chart, files)
 }
 
 fn render<C: Chart>(dir: &Path, chart: &C, files: &mut Vec<PathBuf>) -> Result<(), ChartError> {
@@ -216,7 +229,7 @@ pub(crate) fn variant_colour(v: Variant) -> RGBColor {
     }
 }
 
-fn title_font() -> TextStyle<'static> {
+pub(crate) fn title_font() -> TextStyle<'static> {
     ("sans-serif", 24, FontStyle::Bold).into_text_style(&(WIDTH, HEIGHT))
 }
 
@@ -302,7 +315,7 @@ fn trim_zeros(s: String) -> String {
 }
 
 /// Axis tick label: short, no ".0" tails (plotters' default prints every float with them).
-fn tick(v: &f64) -> String {
+pub(crate) fn tick(v: &f64) -> String {
     let a = v.abs();
     if a >= 1e6 {
         format!("{}M", trim_zeros(format!("{:.2}", v / 1e6)))
@@ -328,7 +341,7 @@ fn sig3(v: f64) -> String {
     trim_zeros(format!("{v:.decimals$}"))
 }
 
-fn upper(max: f64) -> f64 {
+pub(crate) fn upper(max: f64) -> f64 {
     if max.is_finite() && max > 0.0 {
         max * 1.15
     } else {
@@ -1264,8 +1277,7 @@ pub fn write_line_chart(
     chart: &LineChart,
     files: &mut Vec<PathBuf>,
 ) -> Result<(), ChartError> {
-    fonts()?;
-    render_as(dir, stem, chart, files)
+    write_drawn(dir, stem, chart, files)
 }
 
 impl Draw for LineChart {
