@@ -19,7 +19,8 @@ pub struct ImportArgs {
     pub input: PathBuf,
 
     /// The input's format; detected from the first event line when not given (`perf-script`
-    /// prints `COMM PID [CPU]`, the other two `COMM-PID [CPU]`).
+    /// prints `COMM PID [CPU]`, the other two `COMM-PID [CPU]`; the tracefs file adds a flags
+    /// column after the CPU, which `trace-cmd report` prints only with `-l`).
     #[arg(long, value_name = "FORMAT", value_parser = ["perf-script", "trace-cmd", "ftrace"])]
     pub from: Option<String>,
 

@@ -156,14 +156,15 @@ fn scan<R: BufRead>(
     Ok((n, format, other))
 }
 
-/// `COMM PID` is perf's, `COMM-PID` trace-cmd's or ftrace's. Those two print the same
-/// columns the parser reads, so a dashed line is called ftrace unless `--from trace-cmd` said
-/// otherwise; only the header's `imported.from` differs.
+/// `COMM PID` is perf's, `COMM-PID` trace-cmd's or ftrace's. The tracefs `trace` file always
+/// prints the latency flags column between CPU and time, `trace-cmd report` only with `-l`
+/// (such input is called ftrace; `--from trace-cmd` names it). The two print the same columns
+/// the parser reads, so the name only labels the header.
 fn detect(p: &parse::Prefix) -> Format {
-    if p.dashed {
-        Format::Ftrace
-    } else {
-        Format::PerfScript
+    match (p.dashed, p.flags) {
+        (false, _) => Format::PerfScript,
+        (true, true) => Format::Ftrace,
+        (true, false) => Format::TraceCmd,
     }
 }
 

@@ -60,6 +60,9 @@ pub struct Prefix {
     pub rest: String,
     /// The task id was printed as `COMM-PID` (trace-cmd, ftrace) rather than `COMM PID` (perf).
     pub dashed: bool,
+    /// The latency flags column (`d..1.`) stood between CPU and time: the tracefs `trace` file
+    /// prints it, `trace-cmd report` only with `-l`.
+    pub flags: bool,
 }
 
 /// Splits a line into its columns; `None` for a line that is not an event line at all
@@ -93,7 +96,7 @@ pub fn prefix(line: &str) -> Option<Result<Prefix, String>> {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),
         };
-        let (ts_ns, frac_digits, event, rest) = after;
+        let (ts_ns, frac_digits, event, rest, flags) = after;
         return Some(Ok(Prefix {
             comm: CompactString::from(comm),
             pid,
@@ -103,17 +106,19 @@ pub fn prefix(line: &str) -> Option<Result<Prefix, String>> {
             event,
             rest,
             dashed,
+            flags,
         }));
     }
     None
 }
 
 /// After `[CPU]`: optional flags (`d..1.`), then `SECS.FRAC:`, then `EVENT:` and the fields.
-fn after_cpu(s: &str) -> Option<(u64, usize, String, String)> {
+fn after_cpu(s: &str) -> Option<(u64, usize, String, String, bool)> {
     let mut rest = s.trim_start();
     let mut tok = rest.split_whitespace();
     let first = tok.next()?;
-    if !first.ends_with(':') {
+    let flags = !first.ends_with(':');
+    if flags {
         // The latency-format flags column (ftrace, trace-cmd with -l).
         rest = rest[first.len()..].trim_start();
     }
@@ -137,7 +142,7 @@ fn after_cpu(s: &str) -> Option<(u64, usize, String, String)> {
     let ev_tok = rest.split_whitespace().next()?;
     let event = ev_tok.strip_suffix(':')?.to_string();
     let fields = rest[ev_tok.len()..].trim().to_string();
-    Some((ts_ns, frac.len(), event, fields))
+    Some((ts_ns, frac.len(), event, fields, flags))
 }
 
 /// `COMM PID[/TID]` (perf) or `COMM-PID` with an optional `(TGID)` column (ftrace).
@@ -326,11 +331,12 @@ mod tests {
             (p.comm.as_str(), p.pid, p.cpu, p.ts_ns, p.frac_digits),
             ("my worker", 4242, 1, 16_736_414_802_123, 9)
         );
-        assert!(p.dashed);
+        assert!(p.dashed && p.flags);
         // trace-cmd report: no flags column.
         let l = "        stress-0-13059 [000] 16736.414802: alloc_vmap_area:      va_start: 18446683600669249536 size=73728 align=4096 vstart=0xffffc90000000000 vend=0xffffe8ffffffffff failed=0";
         let p = prefix(l).unwrap().unwrap();
         assert_eq!((p.comm.as_str(), p.pid, p.cpu), ("stress-0", 13059, 0));
+        assert!(p.dashed && !p.flags);
         assert!(matches!(parsed(&p), Record::Alloc(_)));
     }
 

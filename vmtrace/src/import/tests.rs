@@ -9,6 +9,11 @@ const PERF: &str = include_str!("../../tests/fixtures/import/perf-script.txt");
 /// The tracefs `trace` file after `vmtrace stress random-size --threads 2 --loops 300` with
 /// `events/vmalloc/enable` set, on the same machine.
 const FTRACE: &str = include_str!("../../tests/fixtures/import/ftrace.txt");
+/// `trace-cmd report` (trace-cmd 3.1.6) of the same workload on the same machine. `trace-cmd
+/// record` cannot run there (the kernel refuses its write of `ftrace_enabled`), so the events
+/// were enabled in tracefs and the buffer taken with `trace-cmd extract`, as a user of such a
+/// kernel would.
+const TRACE_CMD: &str = include_str!("../../tests/fixtures/import/trace-cmd.txt");
 
 fn run(text: &str, opts: &ImportOptions) -> Result<(ImportSummary, Vec<Record>), ImportError> {
     let mut out = Vec::new();
@@ -93,6 +98,22 @@ fn a_perf_script_recording_imports_every_event() {
 #[test]
 fn an_ftrace_file_imports_every_event() {
     check_fixture(FTRACE, Format::Ftrace);
+}
+
+#[test]
+fn a_trace_cmd_report_imports_every_event() {
+    check_fixture(TRACE_CMD, Format::TraceCmd);
+    let (_, records) = run(TRACE_CMD, &ImportOptions::default()).unwrap();
+    let Some(Record::Purge(p)) = records.iter().find(|r| matches!(r, Record::Purge(_))) else {
+        panic!("no purge");
+    };
+    assert_eq!(p.npurged, 456);
+    let Some(Record::Free(f)) = records.iter().find(|r| matches!(r, Record::Free(_))) else {
+        panic!("no free");
+    };
+    assert_eq!(f.ctx.comm.as_str(), "kworker/u8:5");
+    assert_eq!((f.ctx.pid, f.ctx.cpu), (17460, 0));
+    assert_eq!((f.va_start, f.nr_lazy), (KAddr(0xffff_c900_0563_4000), 804));
 }
 
 #[test]
