@@ -454,6 +454,74 @@ fn serve_record_rotates_standalone_trace_files() {
     );
 }
 
+/// `--compress zstd`: the rotated files are `.jsonl.zst`, each a whole trace that `summary`
+/// reads (footer and all), together holding every allocation the daemon counted.
+#[test]
+fn serve_record_compresses_its_files() {
+    if !privileged() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("traces");
+    let log = tmp.path().join("serve.log");
+    let (mut serve, _addr) = start_serve(
+        &[
+            "--record".as_ref(),
+            dir.as_os_str(),
+            "--rotate".as_ref(),
+            "256K".as_ref(),
+            "--keep".as_ref(),
+            "0".as_ref(),
+            "--compress".as_ref(),
+            "zstd".as_ref(),
+        ],
+        &log,
+    );
+    stress(3000);
+    let text = stop(&mut serve, &log);
+    let counted: u64 = text
+        .split(" allocations counted")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no allocation count in the log: {text}"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("trace directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() > 1,
+        "expected rotation, got {files:?}; log: {text}"
+    );
+    let (mut allocs, mut bytes) = (0, 0);
+    for (i, path) in files.iter().enumerate() {
+        assert!(
+            path.to_string_lossy().ends_with(".jsonl.zst"),
+            "{}",
+            path.display()
+        );
+        bytes += std::fs::metadata(path).expect("size").len();
+        let s = common::vmtrace_json(&["summary", "--json"], path);
+        assert!(
+            s["cut_short_at_line"].is_null(),
+            "{}: no footer",
+            path.display()
+        );
+        assert_eq!(s["lost_total"], 0, "{}", path.display());
+        let last = i + 1 == files.len();
+        assert_eq!(s["stop_reason"], if last { "sigterm" } else { "rotated" });
+        allocs += s["events"]["alloc"].as_u64().expect("alloc count");
+    }
+    eprintln!(
+        "serve --record --compress zstd: {} files, {bytes} bytes, {allocs} allocations",
+        files.len()
+    );
+    // Each closed file holds at least 256 KiB of JSON; stored, far less.
+    assert!(bytes < files.len() as u64 * (128 << 10), "{bytes} bytes");
+    assert_eq!(allocs, counted);
+}
+
 /// A memory figure of a process from /proc/PID/status, in KiB: `RssAnon` is its heap without
 /// the ring buffer's shared mapping, `VmHWM` the peak of its whole RSS.
 fn status_kib(pid: i32, field: &str) -> u64 {

@@ -22,12 +22,15 @@ use anyhow::Context as _;
 
 use crate::host::system;
 use crate::record::{footer, Pipeline, ProbeCounters, TraceFile};
+use crate::trace::compress::{Compression, FileSink};
 use crate::trace::{AreaKind, Header, Record, StopReason, VmallocArea, VmallocSnapshot};
 
-/// File names are `vmtrace-<UTC start of the daemon>-<sequence>.jsonl`, so names sort in the
-/// order the files were written, across restarts too.
+/// File names are `vmtrace-<UTC start of the daemon>-<sequence>.jsonl` (`.jsonl.zst`,
+/// `.jsonl.gz` when compressed), so names sort in the order the files were written, across
+/// restarts too.
 const PREFIX: &str = "vmtrace-";
-const SUFFIX: &str = ".jsonl";
+/// Every ending a kept file may have: `--keep` counts them all, whatever this run writes.
+const SUFFIXES: [Compression; 3] = [Compression::None, Compression::Zstd, Compression::Gzip];
 
 /// Parses a size such as `64M`, `1G`, `512KiB` or `1048576` into bytes. Units are powers of
 /// 1024 (`K`, `M`, `G`, `T`, optionally followed by `i`, `B` or `iB`, any case); a bare number
@@ -249,8 +252,11 @@ impl LiveAreas {
 #[derive(Clone, Debug)]
 pub struct RotateOptions {
     pub dir: PathBuf,
-    /// A file is closed once it holds at least one event and this many bytes.
+    /// A file is closed once it holds at least one event and this many bytes of JSON Lines
+    /// (before compression).
     pub max_bytes: u64,
+    /// How each file is stored; its name ends accordingly.
+    pub compression: Compression,
     /// Files named `vmtrace-*.jsonl` kept in `dir`, the one being written included; older ones
     /// are deleted. 0 keeps them all.
     pub keep: usize,
@@ -258,7 +264,7 @@ pub struct RotateOptions {
 
 /// The file being written, and the counters at its start (its footer gives the difference).
 struct Current {
-    file: TraceFile<File>,
+    file: TraceFile<FileSink>,
     path: PathBuf,
     base: ProbeCounters,
     late_base: u64,
@@ -298,7 +304,7 @@ impl Rotating {
             .to_string()
             .replace(['-', ':'], "");
         let mut seq = 0;
-        let (path, file) = create_next(&opts.dir, &stamp, &mut seq)?;
+        let (path, file) = create_next(&opts.dir, &stamp, &mut seq, opts.compression)?;
         let file = TraceFile::start(file, &header, snapshot)
             .with_context(|| format!("writing {}", path.display()))?;
         let r = Rotating {
@@ -356,7 +362,12 @@ impl Rotating {
     /// Closes the current file with a `rotated` footer and opens the next, seeded from the
     /// live area list.
     fn rotate(&mut self, late: u64, counters: ProbeCounters) -> anyhow::Result<()> {
-        let (path, file) = create_next(&self.opts.dir, &self.stamp, &mut self.seq)?;
+        let (path, file) = create_next(
+            &self.opts.dir,
+            &self.stamp,
+            &mut self.seq,
+            self.opts.compression,
+        )?;
         let mut header = self.header.clone();
         header.start_boottime_ns = system::boottime_ns();
         header.start_realtime_ns = system::realtime_ns();
@@ -411,7 +422,7 @@ impl Rotating {
                 let name = e.file_name();
                 let name = name.to_string_lossy();
                 name.starts_with(PREFIX)
-                    && name.ends_with(SUFFIX)
+                    && SUFFIXES.iter().any(|c| name.ends_with(c.suffix()))
                     && e.file_type().is_ok_and(|t| t.is_file())
             })
             .map(|e| e.path())
@@ -483,17 +494,31 @@ fn close(
     );
     cur.file
         .finish(&f)
+        .and_then(FileSink::finish)
         .with_context(|| format!("writing {}", cur.path.display()))
 }
 
 /// Creates the next file that does not exist yet (a restart within the same second finds its
 /// predecessor's names taken), bumping `seq`.
-fn create_next(dir: &Path, stamp: &str, seq: &mut u32) -> anyhow::Result<(PathBuf, File)> {
+fn create_next(
+    dir: &Path,
+    stamp: &str,
+    seq: &mut u32,
+    compression: Compression,
+) -> anyhow::Result<(PathBuf, FileSink)> {
     loop {
         *seq += 1;
-        let path = dir.join(format!("{PREFIX}{stamp}-{:06}{SUFFIX}", *seq));
+        let path = dir.join(format!(
+            "{PREFIX}{stamp}-{:06}{}",
+            *seq,
+            compression.suffix()
+        ));
         match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => return Ok((path, f)),
+            Ok(f) => {
+                let sink = FileSink::new(f, compression)
+                    .with_context(|| format!("starting {}", path.display()))?;
+                return Ok((path, sink));
+            }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && *seq < 1_000_000 => continue,
             Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
         }

@@ -61,9 +61,17 @@ pub struct ServeArgs {
           default_value = "64M", requires = "record")]
     pub rotate: u64,
 
-    /// With --record: keep at most N files named vmtrace-*.jsonl in DIR, the one being
-    /// written included, deleting the oldest; 0 keeps them all. Disk use is bounded by about
-    /// N × SIZE.
+    /// With --record: store each file compressed, `zstd` (`.jsonl.zst`, about 15× smaller)
+    /// or `gzip` (`.jsonl.gz`), or `none` (`.jsonl`). Every vmtrace reader opens all three; a
+    /// file cut by a crash stays readable up to its last flushed frame. --rotate counts the
+    /// JSON Lines before compression.
+    #[arg(long, value_name = "KIND", value_parser = crate::trace::compress::Compression::parse,
+          default_value = "none", requires = "record")]
+    pub compress: crate::trace::compress::Compression,
+
+    /// With --record: keep at most N files named vmtrace-*.jsonl (or .jsonl.zst, .jsonl.gz) in
+    /// DIR, the one being written included, deleting the oldest; 0 keeps them all. Disk use is
+    /// bounded by about N × SIZE.
     #[arg(long, value_name = "N", default_value_t = 16, requires = "record")]
     pub keep: usize,
 }
@@ -145,6 +153,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         record: args.record.as_ref().map(|dir| RotateOptions {
             dir: dir.clone(),
             max_bytes: args.rotate,
+            compression: args.compress,
             keep: args.keep,
         }),
         started,

@@ -47,6 +47,25 @@ impl Compression {
         }
     }
 
+    /// The file-name ending of a trace stored so: `.jsonl`, `.jsonl.zst` or `.jsonl.gz`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Compression::None => ".jsonl",
+            Compression::Zstd => ".jsonl.zst",
+            Compression::Gzip => ".jsonl.gz",
+        }
+    }
+
+    /// Parses `none`, `zstd` (or `zst`) and `gzip` (or `gz`), for command-line options.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Compression::None),
+            "zstd" | "zst" => Ok(Compression::Zstd),
+            "gzip" | "gz" => Ok(Compression::Gzip),
+            other => Err(format!("`{other}`: expected none, zstd or gzip")),
+        }
+    }
+
     /// The compression a stream's first bytes show.
     pub fn sniff(head: &[u8]) -> Self {
         if head.starts_with(&ZSTD_MAGIC) {
@@ -150,6 +169,49 @@ pub fn writer<W: Write + Send + 'static>(
     })
 }
 
+/// A trace file being written, compressed or not, that hands its `File` back when finished
+/// (`serve --record` fsyncs each closed file off the event thread). Every flush ends a frame,
+/// as with [`writer`].
+pub struct FileSink(Sink);
+
+enum Sink {
+    Plain(File),
+    Framed(FramedWriter<File>),
+}
+
+impl FileSink {
+    pub fn new(file: File, kind: Compression) -> io::Result<Self> {
+        Ok(FileSink(match kind {
+            Compression::None => Sink::Plain(file),
+            _ => Sink::Framed(FramedWriter::new(file, kind)?),
+        }))
+    }
+
+    /// Ends the last frame and returns the file.
+    pub fn finish(self) -> io::Result<File> {
+        match self.0 {
+            Sink::Plain(f) => Ok(f),
+            Sink::Framed(w) => w.finish(),
+        }
+    }
+}
+
+impl Write for FileSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut self.0 {
+            Sink::Plain(f) => f.write(buf),
+            Sink::Framed(w) => w.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.0 {
+            Sink::Plain(f) => f.flush(),
+            Sink::Framed(w) => w.flush(),
+        }
+    }
+}
+
 type ZstdWriter<W> = zstd::stream::zio::Writer<W, zstd::stream::raw::Encoder<'static>>;
 
 enum Encoder<W: Write> {
@@ -229,6 +291,18 @@ impl<W: Write> FramedWriter<W> {
         self.encoder.as_mut().ok_or_else(|| {
             io::Error::other("the compressed trace's sink was lost by an earlier error")
         })
+    }
+
+    /// Ends the open frame, if it holds anything, and returns the sink.
+    fn finish(mut self) -> io::Result<W> {
+        let Some(encoder) = self.encoder.take() else {
+            return Err(io::Error::other(
+                "the compressed trace's sink was lost by an earlier error",
+            ));
+        };
+        let mut out = encoder.finish()?;
+        out.flush()?;
+        Ok(out)
     }
 
     /// Ends the open frame and flushes the sink; a new frame starts with the next write.

@@ -329,6 +329,7 @@ fn rotated_files_each_stand_alone_and_together_hold_every_event() {
     let opts = RotateOptions {
         dir: dir.path().join("traces"),
         max_bytes: 16 << 10,
+        compression: Compression::None,
         keep: 0,
     };
     let mut r =
@@ -430,6 +431,7 @@ fn keep_deletes_the_oldest_files_and_nothing_else() {
     let opts = RotateOptions {
         dir: dir.path().to_path_buf(),
         max_bytes: 4 << 10,
+        compression: Compression::None,
         keep: 2,
     };
     let mut r =
@@ -481,10 +483,87 @@ fn keep_deletes_the_oldest_files_and_nothing_else() {
 fn a_name_taken_by_a_restart_in_the_same_second_is_skipped() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut seq = 0;
-    let (a, _) = create_next(dir.path(), "20250101T000000Z", &mut seq).expect("first");
+    let (a, _) =
+        create_next(dir.path(), "20250101T000000Z", &mut seq, Compression::None).expect("first");
     let mut seq = 0;
-    let (b, _) = create_next(dir.path(), "20250101T000000Z", &mut seq).expect("second");
+    let (b, _) =
+        create_next(dir.path(), "20250101T000000Z", &mut seq, Compression::None).expect("second");
     assert_ne!(a, b);
     assert_eq!(seq, 2);
     assert!(b.to_string_lossy().ends_with("-000002.jsonl"));
+}
+
+/// With --compress each file is a compressed trace that stands alone: every reader opens it,
+/// the events of all files are the events pushed, and the files are much smaller than the
+/// JSON they hold.
+#[test]
+fn compressed_files_stand_alone_and_hold_every_event() {
+    for kind in [Compression::Zstd, Compression::Gzip] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = RotateOptions {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 16 << 10,
+            compression: kind,
+            keep: 0,
+        };
+        let mut r =
+            Rotating::start(opts, header(), &seed(), ProbeCounters::default(), 0).expect("start");
+        let mut pipeline = Pipeline::new(1, true);
+        let events = workload(1_000);
+        for e in &events {
+            pipeline.push(e.clone());
+        }
+        r.emit(
+            &mut pipeline,
+            u64::MAX,
+            &mut || Ok(ProbeCounters::default()),
+        )
+        .expect("emit");
+        assert!(r.rotations >= 3, "{kind:?}: {} rotations", r.rotations);
+        let last = r
+            .finish(StopReason::Sigterm, 0, &ProbeCounters::default())
+            .expect("finish");
+        assert!(
+            last.to_string_lossy().ends_with(kind.suffix()),
+            "{}",
+            last.display()
+        );
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        paths.sort();
+        let mut all = Vec::new();
+        let mut bytes = 0;
+        for p in &paths {
+            assert!(
+                p.to_string_lossy().ends_with(kind.suffix()),
+                "{}",
+                p.display()
+            );
+            bytes += std::fs::metadata(p).expect("size").len();
+            let input = crate::trace::compress::open(p).expect("open");
+            let mut reader = TraceReader::new(input);
+            reader.read_header().expect("header");
+            let mut footer = None;
+            for rec in reader {
+                match rec.expect("record") {
+                    Record::Vmallocinfo(_) => {}
+                    Record::Footer(f) => footer = Some(f),
+                    other => all.push(other),
+                }
+            }
+            assert!(footer.is_some(), "{} has no footer", p.display());
+        }
+        assert_eq!(
+            all, events,
+            "{kind:?}: events lost, duplicated or reordered"
+        );
+        // Each file holds at least 16 KiB of JSON; stored, far less.
+        assert!(
+            bytes < (paths.len() as u64) * (8 << 10),
+            "{kind:?}: {bytes} bytes in {} files",
+            paths.len()
+        );
+    }
 }
