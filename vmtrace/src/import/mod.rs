@@ -20,12 +20,13 @@ use std::io::BufRead;
 use thiserror::Error;
 
 use crate::model::{lazy_max_pages, NodeLayout};
+use crate::replay::lookahead::DRAIN_FUNCTION;
 use crate::trace::wire::SystemFacts;
 use crate::trace::{
     EventCounts, Footer, Header, Imported, KAddr, Record, StopReason, Tool, VmallocArea,
-    VmallocSnapshot, VmapFacts, FORMAT, VERSION,
+    VmallocSnapshot, VmapFacts, Work, WorkStart, FORMAT, VERSION,
 };
-use parse::Format;
+use parse::{Format, WorkEdge};
 
 /// x86_64's page size: none of the three formats prints it, and every vmalloc size is a
 /// multiple of it.
@@ -90,6 +91,8 @@ struct Facts {
     last_ts: u64,
     events: EventCounts,
     other_events: u64,
+    /// `drain_vmap_area_work` items that started.
+    drain_items: u64,
     /// Timestamps printed with 6 fractional digits (µs).
     micro: bool,
 }
@@ -100,19 +103,30 @@ pub struct ImportSummary {
     pub format: Format,
     pub lines: u64,
     pub events: EventCounts,
-    /// Event lines of other tracepoints (locks, workqueues, …), skipped.
+    /// Event lines of other tracepoints (locks, other work items, …), skipped.
     pub other_events: u64,
+    /// `drain_vmap_area_work` items written as `work` records (with their `work_start`).
+    pub drain_items: u64,
     pub cpus: u32,
     /// Header facts and records that were inferred or are missing.
     pub inferred: Vec<String>,
 }
 
-/// One pass over the lines: calls `each` with every vmalloc event line's 1-based number, its
-/// columns and the event's name (`each` reads the fields, with the time it chooses).
+/// An event line the import keeps.
+#[derive(Clone, Copy, Debug)]
+enum Line<'a> {
+    /// One of the three vmalloc tracepoints, by name.
+    Vmalloc(&'a str),
+    /// An edge of a `drain_vmap_area_work` item (other work items count as other events).
+    Drain { edge: WorkEdge, work: u64 },
+}
+
+/// One pass over the lines: calls `each` with every kept event line's 1-based number, its
+/// columns and what it is (`each` reads the fields, with the time it chooses).
 fn scan<R: BufRead>(
     input: R,
     from: Option<Format>,
-    mut each: impl FnMut(u64, &parse::Prefix, &str) -> Result<(), ImportError>,
+    mut each: impl FnMut(u64, &parse::Prefix, Line<'_>) -> Result<(), ImportError>,
 ) -> Result<(u64, Option<Format>, u64), ImportError> {
     let mut format = from;
     let mut n = 0u64;
@@ -124,7 +138,17 @@ fn scan<R: BufRead>(
             continue;
         };
         let p = p.map_err(|msg| ImportError::Line { line: n, msg })?;
-        let Some(name) = parse::vmalloc_event(&p.event) else {
+        let kept = if let Some(name) = parse::vmalloc_event(&p.event) {
+            Line::Vmalloc(name)
+        } else if let Some(edge) = parse::workqueue_event(&p.event) {
+            let (work, function) =
+                parse::work_fields(&p.rest).map_err(|msg| ImportError::Line { line: n, msg })?;
+            if function != DRAIN_FUNCTION {
+                other += 1;
+                continue;
+            }
+            Line::Drain { edge, work }
+        } else {
             other += 1;
             continue;
         };
@@ -151,7 +175,7 @@ fn scan<R: BufRead>(
             }
             _ => {}
         }
-        each(n, &p, name)?;
+        each(n, &p, kept)?;
     }
     Ok((n, format, other))
 }
@@ -179,9 +203,7 @@ pub fn import<R: BufRead, W: std::io::Write>(
     // The written time of each event, to place the dump among them.
     let mut stamps = Vec::new();
     let mut clock = Clock::default();
-    let (lines, format, other) = scan(open()?, opts.from, |line, p, name| {
-        let rec = parse::record(name, &p.rest, parse::ctx(p, p.ts_ns))
-            .map_err(|msg| ImportError::Line { line, msg })?;
+    let (lines, format, other) = scan(open()?, opts.from, |line, p, kept| {
         facts.first_ts.get_or_insert(p.ts_ns);
         if p.ts_ns < facts.last_ts {
             return Err(ImportError::Line {
@@ -194,6 +216,19 @@ pub fn import<R: BufRead, W: std::io::Write>(
         }
         facts.last_ts = p.ts_ns;
         facts.micro |= p.frac_digits <= 6;
+        let name = match kept {
+            Line::Vmalloc(name) => name,
+            Line::Drain { edge, .. } => {
+                // Stamped as the second pass will, so the dump's cut lands at the same time.
+                if cut.is_some() {
+                    clock.stamp(p);
+                }
+                facts.drain_items += u64::from(edge == WorkEdge::Start);
+                return Ok(());
+            }
+        };
+        let rec = parse::record(name, &p.rest, parse::ctx(p, p.ts_ns))
+            .map_err(|msg| ImportError::Line { line, msg })?;
         if let Some(c) = cut.as_mut() {
             stamps.push(clock.stamp(p));
             match &rec {
@@ -277,6 +312,12 @@ pub fn import<R: BufRead, W: std::io::Write>(
         format.name()
     ));
     inferred.push("lost events unknown: the text does not say how many the tool dropped".into());
+    if facts.drain_items > 0 {
+        inferred.push(format!(
+            "drain work: {} drain_vmap_area_work items from workqueue_execute_start/end (work and work_start records; the function's address is not in the text, written as 0)",
+            facts.drain_items
+        ));
+    }
     let mut snapshot_at = first_ts.saturating_sub(2);
     let snapshot_areas = match &opts.snapshot {
         Some(a) => {
@@ -379,10 +420,51 @@ pub fn import<R: BufRead, W: std::io::Write>(
         })),
     )?;
     let mut clock = Clock::default();
-    scan(open()?, Some(format), |line, p, name| {
+    // Drain items started and not yet ended, by (CPU, work item): a work item runs on one
+    // worker from start to end.
+    let mut running: HashMap<(u32, u64), u64> = HashMap::new();
+    let mut written_items = 0u64;
+    scan(open()?, Some(format), |line, p, kept| {
         let ts = clock.stamp(p);
-        let r = parse::record(name, &p.rest, parse::ctx(p, ts))
-            .map_err(|msg| ImportError::Line { line, msg })?;
+        let ctx = parse::ctx(p, ts);
+        let r = match kept {
+            Line::Vmalloc(name) => {
+                parse::record(name, &p.rest, ctx).map_err(|msg| ImportError::Line { line, msg })?
+            }
+            Line::Drain {
+                edge: WorkEdge::Start,
+                work,
+            } => {
+                running.insert((p.cpu, work), ts);
+                Record::WorkStart(WorkStart {
+                    ctx,
+                    function: DRAIN_FUNCTION.into(),
+                    function_addr: KAddr(0),
+                    work: KAddr(work),
+                })
+            }
+            Line::Drain {
+                edge: WorkEdge::End,
+                work,
+            } => {
+                // An end whose start came before the text began tells no run time.
+                let Some(start) = running.remove(&(p.cpu, work)) else {
+                    return Ok(());
+                };
+                written_items += 1;
+                Record::Work(Work {
+                    ctx,
+                    function: DRAIN_FUNCTION.into(),
+                    function_addr: KAddr(0),
+                    work: KAddr(work),
+                    start_ns: start,
+                    duration_ns: ts - start,
+                    start_cpu: p.cpu,
+                    nr_purged: None,
+                    flush_ns: None,
+                })
+            }
+        };
         put(&mut w, r)
     })?;
     put(
@@ -406,6 +488,7 @@ pub fn import<R: BufRead, W: std::io::Write>(
         lines,
         events: facts.events,
         other_events: other,
+        drain_items: written_items,
         cpus,
         inferred,
     })

@@ -176,6 +176,47 @@ pub fn vmalloc_event(event: &str) -> Option<&str> {
     .then_some(name)
 }
 
+/// Which edge of a work item a `workqueue:workqueue_execute_start/end` line is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkEdge {
+    Start,
+    End,
+}
+
+/// The workqueue execute events, with or without their system.
+pub fn workqueue_event(event: &str) -> Option<WorkEdge> {
+    match event.strip_prefix("workqueue:").unwrap_or(event) {
+        "workqueue_execute_start" => Some(WorkEdge::Start),
+        "workqueue_execute_end" => Some(WorkEdge::End),
+        _ => None,
+    }
+}
+
+/// `work struct %p: function %ps`, as both execute events print it: the work item's address
+/// (raw from perf and trace-cmd, hashed in the tracefs file, which is enough to pair the two
+/// edges) and its function's name.
+pub fn work_fields(rest: &str) -> Result<(u64, &str), String> {
+    let s = rest.trim();
+    let addr = s
+        .strip_prefix("work struct ")
+        .and_then(|r| r.split_once(':'))
+        .ok_or_else(|| format!("`{s}`: expected `work struct ADDR: function NAME`"))?;
+    let text = addr.0.trim();
+    let hex = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    let work = u64::from_str_radix(hex, 16).map_err(|e| format!("work struct {text}: {e}"))?;
+    let function = addr
+        .1
+        .trim()
+        .strip_prefix("function ")
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .ok_or_else(|| format!("`{s}`: no `function NAME`"))?;
+    Ok((work, function))
+}
+
 /// The task context of an event line, stamped `ts_ns` (the caller's, which keeps µs input in
 /// order).
 pub fn ctx(p: &Prefix, ts_ns: u64) -> Ctx {
@@ -338,6 +379,34 @@ mod tests {
         assert_eq!((p.comm.as_str(), p.pid, p.cpu), ("stress-0", 13059, 0));
         assert!(p.dashed && !p.flags);
         assert!(matches!(parsed(&p), Record::Alloc(_)));
+    }
+
+    #[test]
+    fn workqueue_lines() {
+        let l = " kworker/u8:0-ev   409 [000] 38971.999661: workqueue:workqueue_execute_start: work struct 0xffffffff82f311a0: function drain_vmap_area_work";
+        let p = prefix(l).unwrap().unwrap();
+        assert_eq!(workqueue_event(&p.event), Some(WorkEdge::Start));
+        assert_eq!(
+            work_fields(&p.rest),
+            Ok((0xffff_ffff_82f3_11a0, "drain_vmap_area_work"))
+        );
+        // The tracefs file hashes %p and prints it without 0x.
+        assert_eq!(
+            work_fields("work struct 00000000b1c2d3e4: function vmstat_update"),
+            Ok((0xb1c2_d3e4, "vmstat_update"))
+        );
+        assert_eq!(
+            workqueue_event("workqueue_execute_end"),
+            Some(WorkEdge::End)
+        );
+        assert_eq!(workqueue_event("workqueue:workqueue_queue_work"), None);
+        for bad in [
+            "work struct: function f",
+            "work struct 0xzz: function f",
+            "work struct 0x1: f",
+        ] {
+            assert!(work_fields(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -13,6 +13,11 @@ const FTRACE: &str = include_str!("../../tests/fixtures/import/ftrace.txt");
 /// record` cannot run there (the kernel refuses its write of `ftrace_enabled`), so the events
 /// were enabled in tracefs and the buffer taken with `trace-cmd extract`, as a user of such a
 /// kernel would.
+/// 251 lines of `perf script` after `perf record -e 'vmalloc:*' -e
+/// workqueue:workqueue_execute_start -e workqueue:workqueue_execute_end -a -- vmtrace stress
+/// fix-size --pages 16 --threads 2 --loops 3000`, same machine: two drain items among other
+/// work items.
+const PERF_WQ: &str = include_str!("../../tests/fixtures/import/perf-script-workqueue.txt");
 const TRACE_CMD: &str = include_str!("../../tests/fixtures/import/trace-cmd.txt");
 
 fn run(text: &str, opts: &ImportOptions) -> Result<(ImportSummary, Vec<Record>), ImportError> {
@@ -98,6 +103,64 @@ fn a_perf_script_recording_imports_every_event() {
 #[test]
 fn an_ftrace_file_imports_every_event() {
     check_fixture(FTRACE, Format::Ftrace);
+}
+
+#[test]
+fn drain_work_items_become_work_records_and_other_work_is_skipped() {
+    let (s, records) = run(PERF_WQ, &ImportOptions::default()).unwrap();
+    assert_eq!(s.events, kinds(PERF_WQ));
+    let drain_lines = PERF_WQ
+        .lines()
+        .filter(|l| l.contains("function drain_vmap_area_work"))
+        .count();
+    assert_eq!(drain_lines, 4);
+    assert_eq!(s.drain_items, 2);
+    let other_work = PERF_WQ.lines().filter(|l| l.contains("workqueue:")).count() - drain_lines;
+    assert!(other_work > 0 && s.other_events >= other_work as u64);
+    let works: Vec<&Work> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Work(w) => Some(w),
+            _ => None,
+        })
+        .collect();
+    let starts = records
+        .iter()
+        .filter(|r| matches!(r, Record::WorkStart(_)))
+        .count();
+    assert_eq!((works.len(), starts), (2, 2));
+    // The first item, as perf printed it: 38971.999661 to .999838 on CPU 0.
+    let w = works[0];
+    assert_eq!(w.function, "drain_vmap_area_work");
+    assert_eq!(w.work, KAddr(0xffff_ffff_82f3_11a0));
+    assert_eq!((w.start_ns, w.duration_ns), (38_971_999_661_000, 177_000));
+    assert_eq!((w.start_cpu, w.ctx.comm.as_str()), (0, "kworker/u8:0-ev"));
+    // Its purge lies inside it, as in a native recording, so replay pairs them.
+    let purge = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Purge(p) => Some(p),
+            _ => None,
+        })
+        .unwrap();
+    assert!(purge.ctx.ts_ns >= w.start_ns && purge.ctx.ts_ns <= w.ctx.ts_ns);
+    let h = header(&records);
+    assert!(h
+        .imported
+        .as_ref()
+        .unwrap()
+        .inferred
+        .iter()
+        .any(|n| n.starts_with("drain work: 2 ")));
+    // Without the workqueue lines, the same vmalloc events and no work records.
+    let bare: String = PERF_WQ
+        .lines()
+        .filter(|l| !l.contains("workqueue:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (s2, records2) = run(&bare, &ImportOptions::default()).unwrap();
+    assert_eq!((s2.events, s2.drain_items), (s.events, 0));
+    assert!(!records2.iter().any(|r| matches!(r, Record::Work(_))));
 }
 
 #[test]
