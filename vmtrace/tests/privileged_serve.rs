@@ -330,6 +330,25 @@ fn share(v: &serde_json::Value) -> f64 {
     v["agreed"].as_f64().unwrap_or(0.0) / compared
 }
 
+/// The daemon's closing log line: "… 3086 allocations counted; last trace file … closed".
+fn allocations_counted(log: &str) -> u64 {
+    log.split(" allocations counted")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no allocation count in the log: {log}"))
+}
+
+/// The files `serve --record` wrote into `dir`, in the order it wrote them.
+fn trace_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("trace directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+}
+
 #[test]
 fn serve_record_rotates_standalone_trace_files() {
     if !privileged() {
@@ -354,18 +373,8 @@ fn serve_record_rotates_standalone_trace_files() {
     assert_eq!(status, 200, "unhealthy while recording");
     let text = stop(&mut serve, &log);
 
-    // "… 3086 allocations counted; last trace file … closed"
-    let counted: u64 = text
-        .split(" allocations counted")
-        .next()
-        .and_then(|head| head.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no allocation count in the log: {text}"));
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("trace directory")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    files.sort();
+    let counted = allocations_counted(&text);
+    let files = trace_files(&dir);
     assert!(
         files.len() > 1,
         "expected rotation at 256K, got {files:?}; log: {text}"
@@ -479,17 +488,8 @@ fn serve_record_compresses_its_files() {
     );
     stress(3000);
     let text = stop(&mut serve, &log);
-    let counted: u64 = text
-        .split(" allocations counted")
-        .next()
-        .and_then(|head| head.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no allocation count in the log: {text}"));
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("trace directory")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    files.sort();
+    let counted = allocations_counted(&text);
+    let files = trace_files(&dir);
     assert!(
         files.len() > 1,
         "expected rotation, got {files:?}; log: {text}"
