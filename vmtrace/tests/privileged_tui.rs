@@ -104,8 +104,33 @@ fn counts(pane: &str) -> PaneCounts {
 /// `(rate per second, total)` for alloc and free, as one pane capture shows them.
 type PaneCounts = [(u64, u64); 2];
 
-/// Captures twice, quits, and checks counts and the restored terminal.
-fn watch_and_quit(t: &Tmux, ready: &str) -> (PaneCounts, PaneCounts) {
+/// The model panel's first line: strict and explained placement in percent, and the
+/// allocations compared; `None` while it says "n/a".
+fn placement(pane: &str) -> Option<(f64, f64, u64)> {
+    let re =
+        regex::Regex::new(r"placement strict ([\d.]+)%\s+explained ([\d.]+)% \((\d+)\)").unwrap();
+    let c = re.captures(pane)?;
+    Some((c[1].parse().ok()?, c[2].parse().ok()?, c[3].parse().ok()?))
+}
+
+/// The model panel moved between two captures: numeric both times, more allocations
+/// compared the second time.
+fn assert_model_moved(first: &str, second: &str) {
+    let (Some(a), Some(b)) = (placement(first), placement(second)) else {
+        panic!("no numeric model agreement in the captures above");
+    };
+    assert!(
+        b.2 > a.2,
+        "model compared no more allocations: {a:?} → {b:?}"
+    );
+    for p in [a.0, a.1, b.0, b.1] {
+        assert!((0.0..=100.0).contains(&p), "placement {p} %");
+    }
+}
+
+/// Captures twice, quits, and checks counts and the restored terminal. Returns the counts of
+/// both captures, and the captures.
+fn watch_and_quit(t: &Tmux, ready: &str) -> (PaneCounts, PaneCounts, String, String) {
     t.wait_for(ready, Duration::from_secs(30));
     // Let a full second of rate buckets fill.
     std::thread::sleep(Duration::from_millis(2500));
@@ -134,7 +159,7 @@ fn watch_and_quit(t: &Tmux, ready: &str) -> (PaneCounts, PaneCounts) {
     );
     assert_eq!(t.display("#{alternate_on}"), "0", "alternate screen left");
     assert_eq!(t.display("#{cursor_flag}"), "1", "cursor shown again");
-    (a, b)
+    (a, b, first, second)
 }
 
 fn assert_moved(a: [(u64, u64); 2], b: [(u64, u64); 2]) {
@@ -163,10 +188,13 @@ fn top_live_while_stress_runs() {
         .stderr(Stdio::null())
         .spawn()
         .expect("vmtrace stress starts");
-    let (a, b) = watch_and_quit(&t, "vmtrace top | live");
+    let (a, b, first, second) = watch_and_quit(&t, "vmtrace top | live");
     let _ = stress.kill();
     let _ = stress.wait();
     assert_moved(a, b);
+    // The model replays the live stream from the start snapshot: its figures are numbers that
+    // move with the stream (docs/tui.md gives what they were under this stress).
+    assert_model_moved(&first, &second);
 }
 
 #[test]
@@ -176,8 +204,11 @@ fn top_replays_the_bundled_trace() {
     }
     let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-trace.jsonl.zst");
     let t = Tmux::start("replay", &format!("{BIN} top --replay {trace} --loop"));
-    let (a, b) = watch_and_quit(&t, "vmtrace top | replay");
+    let (a, b, first, second) = watch_and_quit(&t, "vmtrace top | replay");
     assert_moved(a, b);
+    // Each round of the loop replays the model from the snapshot again, so the counts need
+    // not grow between captures here; the figures must be numbers.
+    assert!(placement(&first).is_some() && placement(&second).is_some());
 }
 
 #[test]

@@ -727,6 +727,23 @@ impl Model {
         Ok(())
     }
 
+    /// Takes an area seeded lazy out of the lazy lists as a purge would have: pooled on its
+    /// node, or back in the free tree. For a snapshot that lists as unpurged an area whose
+    /// purge the records before it show. False when the area is not lazy.
+    pub fn seed_purged(&mut self, addr: u64) -> bool {
+        let page = self.params.page_size;
+        let Some((node, _)) = self.lazy.find(addr) else {
+            return false;
+        };
+        let Some(area) = self.lazy.remove(node, addr, page) else {
+            return false;
+        };
+        if !self.try_pool(node, addr, area, false) {
+            let _ = self.free.release(addr, area.size);
+        }
+        true
+    }
+
     fn check_range(&self, addr: u64, size: u64) -> Result<(), ModelError> {
         if addr < self.params.vmalloc_start || addr.saturating_add(size) > self.params.range_end() {
             return Err(ModelError::OutOfRange { addr, size });

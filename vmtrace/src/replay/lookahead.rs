@@ -70,10 +70,11 @@ pub fn drain_item(rec: &Record) -> Option<DrainItem> {
     }
 }
 
-/// Records of a trace, read ahead by up to a window. Read errors are handed out in their place
-/// in the stream, after every record before them.
-pub struct Lookahead<R: BufRead> {
-    reader: TraceReader<R>,
+/// Records held ahead of the one being replayed, indexed for the lookups replay makes. Fed by a
+/// reader ([`Lookahead`]) or pushed as they arrive (`vmtrace top`'s live model,
+/// [`super::live`]); both hand a record out under the same rule ([`Ahead::covered`]), so the
+/// same records give the same replay either way.
+pub struct Ahead {
     /// Records read ahead, each with its line and its index in the stream.
     buf: VecDeque<(usize, Result<Record, ReadError>)>,
     /// Drain items and purge events among `buf`, with their stream index, so that lookups do
@@ -90,20 +91,13 @@ pub struct Lookahead<R: BufRead> {
     handed: u64,
     window_ns: u64,
     max_records: usize,
-    /// The reader returned its end or an error: nothing more to read.
-    done: bool,
     /// Line of the record last handed out.
     line: usize,
 }
 
-impl<R: BufRead> Lookahead<R> {
-    pub fn new(reader: TraceReader<R>) -> Self {
-        Self::with_limits(reader, WINDOW_NS, MAX_RECORDS)
-    }
-
-    pub fn with_limits(reader: TraceReader<R>, window_ns: u64, max_records: usize) -> Self {
+impl Ahead {
+    pub fn new(window_ns: u64, max_records: usize) -> Self {
         Self {
-            reader,
             buf: VecDeque::new(),
             drains: VecDeque::new(),
             purges: VecDeque::new(),
@@ -113,19 +107,22 @@ impl<R: BufRead> Lookahead<R> {
             handed: 0,
             window_ns,
             max_records: max_records.max(1),
-            done: false,
             line: 0,
         }
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
     }
 
     /// Line of the record last handed out.
     pub fn line(&self) -> usize {
         self.line
-    }
-
-    /// Lines read from the input so far (at the end: all of them).
-    pub fn lines_read(&self) -> usize {
-        self.reader.line()
     }
 
     /// Timestamp of the newest record held (records without a time do not move it).
@@ -136,50 +133,56 @@ impl<R: BufRead> Lookahead<R> {
             .find_map(|(_, r)| r.as_ref().ok().and_then(Record::ts_ns))
     }
 
-    fn fill(&mut self) {
-        while !self.done && self.buf.len() < self.max_records {
-            if let Some((_, Ok(front))) = self.buf.front() {
-                if let (Some(f), Some(h)) = (front.ts_ns(), self.horizon()) {
-                    if h > f.saturating_add(self.window_ns) {
-                        return;
-                    }
-                }
-            }
-            match self.reader.next() {
-                Some(r) => {
-                    self.done = r.is_err();
-                    if let Ok(rec) = &r {
-                        if let Some(d) = drain_item(rec) {
-                            self.drains.push_back((self.read, d));
-                        } else if let Record::Purge(p) = rec {
-                            self.purges
-                                .push_back((self.read, p.ctx.pid, p.ctx.ts_ns, p.npurged));
-                        } else if let Record::Free(f) = rec {
-                            self.frees
-                                .push_back((self.read, f.va_start.0, f.nr_lazy, f.ctx.ts_ns));
-                        } else if let Record::Work(w) = rec {
-                            if w.function == DECAY_FUNCTION {
-                                if self.decays.len() >= MAX_DECAYS {
-                                    self.decays.pop_front();
-                                }
-                                let end = w.start_ns.saturating_add(w.duration_ns);
-                                self.decays.push_back((w.ctx.pid, w.start_ns, end));
-                            }
-                        }
-                    }
-                    self.read += 1;
-                    self.buf.push_back((self.reader.line(), r));
-                }
-                None => self.done = true,
-            }
+    /// Whether the records held from position `from` on reach far enough past it: the cap is
+    /// reached, or the newest time is more than the window after that record's.
+    fn covered(&self, from: usize) -> bool {
+        if self.buf.len().saturating_sub(from) >= self.max_records {
+            return true;
+        }
+        match (self.buf.get(from), self.horizon()) {
+            (Some((_, Ok(rec))), Some(h)) => rec
+                .ts_ns()
+                .is_some_and(|f| h > f.saturating_add(self.window_ns)),
+            _ => false,
         }
     }
 
-    /// The next record, after reading ahead past it.
-    pub fn next_record(&mut self) -> Option<Result<Record, ReadError>> {
-        if self.buf.is_empty() {
-            self.fill();
+    /// Takes in the next record of the stream, read from `line`.
+    pub fn push(&mut self, line: usize, r: Result<Record, ReadError>) {
+        if let Ok(rec) = &r {
+            if let Some(d) = drain_item(rec) {
+                self.drains.push_back((self.read, d));
+            } else if let Record::Purge(p) = rec {
+                self.purges
+                    .push_back((self.read, p.ctx.pid, p.ctx.ts_ns, p.npurged));
+            } else if let Record::Free(f) = rec {
+                self.frees
+                    .push_back((self.read, f.va_start.0, f.nr_lazy, f.ctx.ts_ns));
+            } else if let Record::Work(w) = rec {
+                if w.function == DECAY_FUNCTION {
+                    if self.decays.len() >= MAX_DECAYS {
+                        self.decays.pop_front();
+                    }
+                    let end = w.start_ns.saturating_add(w.duration_ns);
+                    self.decays.push_back((w.ctx.pid, w.start_ns, end));
+                }
+            }
         }
+        self.read += 1;
+        self.buf.push_back((line, r));
+    }
+
+    /// The oldest record held, once the records after it cover the window as a reader's would
+    /// when replay gets to it (or at once when `at_end`: nothing more will come).
+    pub fn pop_ready(&mut self, at_end: bool) -> Option<Result<Record, ReadError>> {
+        if at_end || self.covered(1) {
+            self.pop()
+        } else {
+            None
+        }
+    }
+
+    fn pop(&mut self) -> Option<Result<Record, ReadError>> {
         let (line, r) = self.buf.pop_front()?;
         self.line = line;
         let at = self.handed;
@@ -193,7 +196,6 @@ impl<R: BufRead> Lookahead<R> {
         while self.frees.front().is_some_and(|&(i, ..)| i <= at) {
             self.frees.pop_front();
         }
-        self.fill();
         Some(r)
     }
 
@@ -266,6 +268,66 @@ impl<R: BufRead> Lookahead<R> {
     }
 }
 
+/// Records of a trace, read ahead by up to a window. Read errors are handed out in their place
+/// in the stream, after every record before them.
+pub struct Lookahead<R: BufRead> {
+    reader: TraceReader<R>,
+    ahead: Ahead,
+    /// The reader returned its end or an error: nothing more to read.
+    done: bool,
+}
+
+impl<R: BufRead> Lookahead<R> {
+    pub fn new(reader: TraceReader<R>) -> Self {
+        Self::with_limits(reader, WINDOW_NS, MAX_RECORDS)
+    }
+
+    pub fn with_limits(reader: TraceReader<R>, window_ns: u64, max_records: usize) -> Self {
+        Self {
+            reader,
+            ahead: Ahead::new(window_ns, max_records),
+            done: false,
+        }
+    }
+
+    /// Line of the record last handed out.
+    pub fn line(&self) -> usize {
+        self.ahead.line()
+    }
+
+    /// Lines read from the input so far (at the end: all of them).
+    pub fn lines_read(&self) -> usize {
+        self.reader.line()
+    }
+
+    fn fill(&mut self) {
+        while !self.done && !self.ahead.covered(0) {
+            match self.reader.next() {
+                Some(r) => {
+                    self.done = r.is_err();
+                    self.ahead.push(self.reader.line(), r);
+                }
+                None => self.done = true,
+            }
+        }
+    }
+
+    /// The next record, after reading ahead past it.
+    pub fn next_record(&mut self) -> Option<Result<Record, ReadError>> {
+        self.fill();
+        let r = self.ahead.pop()?;
+        self.fill();
+        Some(r)
+    }
+}
+
+impl<R: BufRead> std::ops::Deref for Lookahead<R> {
+    type Target = Ahead;
+    fn deref(&self) -> &Ahead {
+        &self.ahead
+    }
+}
+
 /// What replay asks of the records read ahead; a trait so that the replayer does not carry the
 /// reader's type parameter.
 pub trait DrainLookup {
@@ -312,27 +374,27 @@ impl DrainLookup for Blind {
     }
 }
 
-impl<R: BufRead> DrainLookup for Lookahead<R> {
+impl DrainLookup for Ahead {
     fn drain_holding(&self, pid: u32, ts: u64) -> Option<DrainItem> {
-        Lookahead::drain_holding(self, pid, ts)
+        Ahead::drain_holding(self, pid, ts)
     }
     fn decays_in(&self, item: &DrainItem) -> Vec<(u64, u64)> {
-        Lookahead::decays_in(self, item)
+        Ahead::decays_in(self, item)
     }
     fn size_allocated_ahead(&self, va: u64) -> Option<u64> {
-        Lookahead::size_allocated_ahead(self, va)
+        Ahead::size_allocated_ahead(self, va)
     }
     fn next_purge(&self) -> Option<(u32, u64)> {
-        Lookahead::next_purge(self)
+        Ahead::next_purge(self)
     }
     fn next_npurged(&self) -> Option<u32> {
-        Lookahead::next_npurged(self)
+        Ahead::next_npurged(self)
     }
     fn frees_ahead(&self, max: usize) -> Vec<(u64, u64)> {
-        Lookahead::frees_ahead(self, max)
+        Ahead::frees_ahead(self, max)
     }
     fn frees_ahead_timed(&self, max: usize) -> Vec<(u64, u64)> {
-        Lookahead::frees_ahead_timed(self, max)
+        Ahead::frees_ahead_timed(self, max)
     }
 }
 
@@ -441,7 +503,7 @@ mod tests {
         let mut a = opened(&bytes, 1_000_000, 3);
         assert!(matches!(a.next_record(), Some(Ok(Record::Purge(_)))));
         assert_eq!(a.drain_holding(7, 1000), None, "only 3 records are held");
-        assert!(a.buf.len() <= 3);
+        assert!(a.len() <= 3);
         let mut a = opened(&bytes, 1_000_000, 5);
         assert!(matches!(a.next_record(), Some(Ok(Record::Purge(_)))));
         assert!(a.drain_holding(7, 1000).is_some());

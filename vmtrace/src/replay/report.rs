@@ -26,8 +26,8 @@ pub fn render_text(r: &Report) -> String {
     let s = &r.seed;
     let _ = writeln!(
         o,
-        "seeded from the snapshot: {} busy, {} vm_map_ram, {} unpurged ({} lazy pages), {} outside VMALLOC, {} rejected; {} events before the snapshot skipped, {} in its window already reflected",
-        s.busy, s.vm_map_ram, s.unpurged, s.lazy_pages, s.outside_range, s.rejected,
+        "seeded from the snapshot: {} busy, {} vm_map_ram, {} unpurged ({} purged before it, by the records; {} lazy pages), {} outside VMALLOC, {} rejected; {} events before the snapshot skipped, {} in its window already reflected",
+        s.busy, s.vm_map_ram, s.unpurged, s.purged_before_snapshot, s.lazy_pages, s.outside_range, s.rejected,
         s.events_before_snapshot, s.events_in_window_reflected
     );
     let _ = writeln!(

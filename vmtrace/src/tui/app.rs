@@ -28,7 +28,7 @@ pub enum Event {
     /// Top callers from a `/proc/vmallocinfo` snapshot (live only), or why there are none.
     Callers(Result<Vec<Caller>, String>),
     /// Model agreement as far as the source can give it, or why it cannot.
-    Model(Result<ModelView, String>),
+    Model(Box<Result<ModelView, String>>),
     /// The source stopped (replay ended, ring buffer broke): shown in the header.
     SourceEnded(String),
     /// The terminal changed size: redraw.
@@ -181,6 +181,8 @@ pub struct ModelView {
     /// Page-table slots, predicted and observed (`pte/pmd/pud` counts as text).
     pub predicted_slots: String,
     pub observed_slots: String,
+    /// The newest divergences, newest first.
+    pub recent: Vec<String>,
 }
 
 /// Events per one-second bucket of stream time, newest last; at most [`MAX_WINDOW_SECS`].
@@ -412,7 +414,7 @@ impl App {
                 self.dirty = !self.paused;
             }
             Event::Model(m) => {
-                self.model = m;
+                self.model = *m;
                 self.dirty = !self.paused;
             }
             Event::SourceEnded(why) => {

@@ -8,6 +8,7 @@
 //! stdout is not a terminal the same screen is printed as text every `--interval` (`top -b`).
 
 pub mod app;
+mod model;
 pub mod render;
 pub mod source;
 pub mod term;

@@ -359,7 +359,7 @@ pub fn nodes(f: &mut Frame, area: Rect, app: &App) {
 /// Busy, lazy, the model's pooled estimate and the high-water mark of the VA footprint.
 pub fn footprint(f: &mut Frame, area: Rect, app: &App) {
     let pooled = match &app.model {
-        Ok(m) => format!("{} objects (model, at trace end)", m.pooled_objects),
+        Ok(m) => format!("{} objects (model)", m.pooled_objects),
         Err(why) => format!("n/a: {why}"),
     };
     let lines = vec![
@@ -465,34 +465,39 @@ pub fn callers(f: &mut Frame, area: Rect, app: &App) {
     f.render_widget(Paragraph::new(lines), area);
 }
 
-/// Placement agreement of the reference model with the kernel.
+/// Agreement of the reference model with the kernel, strict before explained, as records
+/// arrive; then the newest divergences, as many as the panel has room for.
 pub fn model(f: &mut Frame, area: Rect, app: &App) {
     let lines = match &app.model {
         Err(why) => vec![Line::from(format!("n/a: {why}"))],
-        Ok(m) => vec![
-            Line::from(format!(
-                "placement strict {:.1}%  explained {:.1}% ({})",
-                m.strict_placement_pct, m.placement_pct, m.placement_compared
-            )),
-            Line::from(format!(
-                " warmed-up strict {:.1}%  explained {:.1}% ({})",
-                m.warm_strict_pct, m.warm_pct, m.warm_compared
-            )),
-            Line::from(format!(
-                "nr_lazy   strict {:.1}%  explained {:.1}%",
-                m.strict_nr_lazy_pct, m.nr_lazy_pct
-            )),
-            Line::from(format!(
-                "npurged   strict {:.1}%  explained {:.1}%",
-                m.strict_npurged_pct, m.npurged_pct
-            )),
-            Line::from(format!(
-                "high-water kernel {}, model {}",
-                m.observed_high_water,
-                high_water_gap(&m.observed_high_water, &m.predicted_high_water)
-            )),
-            Line::from(m.scope.clone()),
-        ],
+        Ok(m) => {
+            let mut lines = vec![
+                Line::from(format!(
+                    "placement strict {:.1}%  explained {:.1}% ({})",
+                    m.strict_placement_pct, m.placement_pct, m.placement_compared
+                )),
+                Line::from(format!(
+                    " warmed-up strict {:.1}%  explained {:.1}% ({})",
+                    m.warm_strict_pct, m.warm_pct, m.warm_compared
+                )),
+                Line::from(format!(
+                    "nr_lazy   strict {:.1}%  explained {:.1}%",
+                    m.strict_nr_lazy_pct, m.nr_lazy_pct
+                )),
+                Line::from(format!(
+                    "npurged   strict {:.1}%  explained {:.1}%",
+                    m.strict_npurged_pct, m.npurged_pct
+                )),
+                Line::from(format!(
+                    "high-water kernel {}, model {}",
+                    m.observed_high_water,
+                    high_water_gap(&m.observed_high_water, &m.predicted_high_water)
+                )),
+                Line::from(m.scope.clone()),
+            ];
+            lines.extend(m.recent.iter().map(|d| Line::from(format!("  {d}"))));
+            lines
+        }
     };
     f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::app::{top_callers, Batch, Event, Mode, ModelView, SourceInfo};
+use super::app::{top_callers, Batch, Event, Mode, SourceInfo};
+use super::model::ModelFeed;
 use crate::host::{meminfo, system, vmallocinfo};
 use crate::live::EventRings;
 use crate::probe::contention::Classifier;
@@ -35,6 +36,8 @@ const REORDER_WINDOW_NS: u64 = 50_000_000;
 const CALLERS_EVERY: Duration = Duration::from_secs(5);
 /// Callers kept per snapshot.
 const TOP_CALLERS: usize = 20;
+/// How the model panel names a live replay.
+const LIVE_SCOPE: &str = "live, nodes variant";
 
 /// Where a replay reads from.
 #[derive(Clone, Debug)]
@@ -84,58 +87,13 @@ pub fn check_replay(spec: &ReplaySpec) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", spec.name()))
 }
 
-/// Starts the replay thread and the thread that runs the model over the same trace.
+/// Starts the replay thread, which feeds the model thread as it feeds the UI.
 pub fn spawn_replay(spec: ReplaySpec, tx: Sender<Event>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    let (spec2, tx2) = (spec.clone(), tx.clone());
+    let (mut feed, _model) = super::model::spawn(tx.clone(), stop.clone(), false);
     std::thread::spawn(move || {
-        let _ = tx2.send(Event::Model(model_of(&spec2)));
-    });
-    std::thread::spawn(move || {
-        if let Err(why) = replay(&spec, &tx, &stop) {
+        if let Err(why) = replay(&spec, &tx, &stop, &mut feed) {
             let _ = tx.send(Event::SourceEnded(why));
         }
-    })
-}
-
-/// Runs the whole trace through the model (`vmtrace replay`): cheap next to the trace itself,
-/// and the same numbers `vmtrace replay` prints.
-fn model_of(spec: &ReplaySpec) -> Result<ModelView, String> {
-    let input = spec.open().map_err(|e| e.to_string())?;
-    let r = crate::replay::replay(input, &crate::replay::ReplayOptions::default())
-        .map_err(|e| format!("model replay failed: {e}"))?;
-    let slots = |s: &crate::model::SlotCounts| {
-        format!(
-            "pte {} pmd {} pud {}",
-            s.pte_tables, s.pmd_tables, s.pud_tables
-        )
-    };
-    Ok(ModelView {
-        scope: match r.warmup_line {
-            Some(l) => format!(
-                "whole trace, {} variant; warm-up ends at line {l}",
-                r.variant.name()
-            ),
-            None => format!(
-                "whole trace, {} variant; no warm-up (no purge)",
-                r.variant.name()
-            ),
-        },
-        strict_placement_pct: r.strict.placement.percent(),
-        strict_nr_lazy_pct: r.strict.nr_lazy.percent(),
-        strict_npurged_pct: r.strict.npurged.percent(),
-        warm_strict_pct: r.strict.placement_after_warmup.percent(),
-        warm_pct: r.placement_after_warmup.percent(),
-        warm_compared: r.placement_after_warmup.compared,
-        warmup_line: r.warmup_line,
-        placement_pct: r.placement.percent(),
-        placement_compared: r.placement.compared,
-        nr_lazy_pct: r.nr_lazy.percent(),
-        npurged_pct: r.npurged.percent(),
-        pooled_objects: r.pooled_objects_at_end,
-        predicted_high_water: r.predicted_high_water.clone(),
-        observed_high_water: r.observed_high_water.clone(),
-        predicted_slots: slots(&r.predicted_slots),
-        observed_slots: slots(&r.observed_slots),
     })
 }
 
@@ -156,7 +114,12 @@ fn shift(rec: &mut Record, off: u64) {
     *ts += off;
 }
 
-fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<(), String> {
+fn replay(
+    spec: &ReplaySpec,
+    tx: &Sender<Event>,
+    stop: &AtomicBool,
+    feed: &mut ModelFeed,
+) -> Result<(), String> {
     let speed = spec.speed;
     let started = Instant::now();
     // Trace time of the first event: stream time = origin + wall elapsed × speed.
@@ -186,6 +149,8 @@ fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<()
                 .map_err(|_| "UI gone")?;
             // Top callers come from the trace's own start snapshot: there is no later one.
         }
+        // Each round replays the model from the trace's snapshot again, moved to the round.
+        let mut started = false;
         let mut batch = Vec::new();
         let mut first_ts = None;
         let mut last_ts = 0;
@@ -198,6 +163,14 @@ fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<()
                 }
                 Record::Header(_) => continue,
                 Record::Vmallocinfo(s) => {
+                    if !started {
+                        started = true;
+                        let mut snap = s.as_ref().clone();
+                        snap.ts_start_ns += offset;
+                        snap.ts_end_ns += offset;
+                        let scope = format!("{}, fed as replayed", spec.name());
+                        feed.start(&header, &snap, scope);
+                    }
                     if round > 0 {
                         continue;
                     }
@@ -215,7 +188,7 @@ fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<()
                     if stop.load(Ordering::Relaxed) {
                         return Ok(());
                     }
-                    send(tx, &mut batch, stream_now(o), lost)?;
+                    send(tx, feed, &mut batch, stream_now(o), lost)?;
                     let wait = ts.saturating_sub(stream_now(o)) as f64 / speed / 1e9;
                     std::thread::sleep(BATCH_EVERY.min(Duration::from_secs_f64(wait.max(0.001))));
                 }
@@ -223,8 +196,9 @@ fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<()
             batch.push(rec);
         }
         let now = origin.map_or(0, stream_now);
-        send(tx, &mut batch, now, lost)?;
+        send(tx, feed, &mut batch, now, lost)?;
         if !spec.looped || first_ts.is_none() {
+            feed.end();
             let _ = tx.send(Event::SourceEnded(format!(
                 "replay finished: {} is at its end (press q to quit)",
                 spec.name()
@@ -237,7 +211,14 @@ fn replay(spec: &ReplaySpec, tx: &Sender<Event>, stop: &AtomicBool) -> Result<()
     }
 }
 
-fn send(tx: &Sender<Event>, batch: &mut Vec<Record>, now_ns: u64, lost: u64) -> Result<(), String> {
+fn send(
+    tx: &Sender<Event>,
+    feed: &mut ModelFeed,
+    batch: &mut Vec<Record>,
+    now_ns: u64,
+    lost: u64,
+) -> Result<(), String> {
+    feed.records(batch);
     tx.send(Event::Data(Batch {
         records: std::mem::take(batch),
         now_ns,
@@ -320,14 +301,16 @@ async fn live(
     if tx.send(Event::Start(Box::new(info))).is_err() {
         return;
     }
-    let _ = tx.send(Event::Model(Err(
-        "live: the model replays whole traces only; `vmtrace record` then `vmtrace replay`".into(),
-    )));
+    // The model takes the VMALLOC range from the first allocation it sees (the header has
+    // none without `record`'s calibration allocation).
+    let header = crate::record::header(&facts, &Default::default(), &probes);
+    let (mut feed, _model) = super::model::spawn(tx.clone(), stop.clone(), true);
     let mut reorder = Reorder::default();
-    // The start snapshot seeds the footprint, as it seeds a replay.
+    // The start snapshot seeds the footprint and the model, as it seeds a replay.
     match vmallocinfo::snapshot() {
         Ok(s) => {
             let _ = tx.send(Event::Callers(Ok(top_callers(&s, TOP_CALLERS))));
+            feed.start(&header, &s, LIVE_SCOPE.into());
             reorder.push(Record::Vmallocinfo(Box::new(s)));
         }
         Err(e) => {
@@ -359,6 +342,7 @@ async fn live(
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
                 let mut records = Vec::new();
                 reorder.pop_ready(watermark, |r| records.push(r));
+                feed.records(&records);
                 let b = Batch { records, now_ns: watermark, lost_total };
                 if tx.send(Event::Data(b)).is_err() {
                     return;
@@ -374,6 +358,13 @@ async fn live(
                 }
                 if let Ok(lost) = probes.lost() {
                     lost_total = lost.iter().flatten().sum();
+                }
+                if feed.is_behind() {
+                    // Records were dropped: the model starts again from a fresh snapshot (the
+                    // replay ignores the records before it that are still in the reorder).
+                    if let Ok(s) = vmallocinfo::snapshot() {
+                        feed.start(&header, &s, LIVE_SCOPE.into());
+                    }
                 }
                 if last_callers.elapsed() >= CALLERS_EVERY {
                     last_callers = Instant::now();

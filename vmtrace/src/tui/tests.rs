@@ -152,7 +152,7 @@ fn fixed_app() -> App {
         now_ns: 3 * SEC + 10,
         lost_total: 2,
     }));
-    app.handle(Event::Model(Ok(ModelView {
+    app.handle(Event::Model(Box::new(Ok(ModelView {
         scope: "whole trace, nodes variant".into(),
         strict_placement_pct: 91.5,
         strict_nr_lazy_pct: 80.0,
@@ -170,7 +170,8 @@ fn fixed_app() -> App {
         observed_high_water: "0xffffc90000100000".into(),
         predicted_slots: "pte 3 pmd 1 pud 1".into(),
         observed_slots: "pte 3 pmd 1 pud 1".into(),
-    })));
+        recent: vec!["line 9 alloc kernel-lower-than-model cpu 1: kernel 0xffffc90000010000 model 0xffffc90000020000".into()],
+    }))));
     app
 }
 
@@ -343,10 +344,12 @@ fn unavailable_views_say_why() {
     let mut i = info();
     i.probes.retain(|p| p.logical.is_none());
     app.handle(Event::Start(Box::new(i)));
-    app.handle(Event::Model(Err("live: whole traces only".into())));
+    app.handle(Event::Model(Box::new(Err(
+        "waiting for the start snapshot".into(),
+    ))));
     assert!(panel_text(&app, Panel::Locks, 60, 4).contains("n/a: lock_waits probe not in"));
     assert!(panel_text(&app, Panel::PageTables, 60, 6).contains("n/a: page_tables probe"));
-    assert!(panel_text(&app, Panel::Model, 60, 4).contains("n/a: live: whole traces only"));
+    assert!(panel_text(&app, Panel::Model, 60, 4).contains("n/a: waiting for the start snapshot"));
     assert!(panel_text(&app, Panel::Callers, 60, 4).contains("n/a: waiting for"));
 }
 
@@ -419,4 +422,18 @@ fn speeds_parse() {
     let e = super::parse_speed("fast").unwrap_err();
     assert!(e.contains("`fast`") && e.contains("10x"), "{e}");
     assert!(super::parse_speed("0x").is_err());
+}
+
+#[test]
+fn the_model_panel_lists_the_newest_divergences_when_it_has_room() {
+    let app = fixed_app();
+    let tall = panel_text(&app, Panel::Model, 120, 12);
+    assert!(
+        tall.contains("line 9 alloc kernel-lower-than-model"),
+        "{tall}"
+    );
+    // The figures come first: a short panel keeps them and drops the divergences.
+    let short = panel_text(&app, Panel::Model, 120, 6);
+    assert!(short.contains("placement strict 91.5%"), "{short}");
+    assert!(!short.contains("line 9 alloc"), "{short}");
 }
