@@ -16,25 +16,26 @@ use std::time::{Duration, Instant};
 use super::app::{Event, ModelView};
 use crate::replay::live::{LiveFigures, LiveReplay};
 use crate::replay::ReplayOptions;
-use crate::trace::{Header, Record, VmallocSnapshot};
+use crate::trace::{Header, KAddr, Record, VmallocSnapshot};
 
 /// Batches queued for the model: with the sources' 100 ms batches, about 6 s of stream.
 const QUEUE_BATCHES: usize = 64;
 /// How often the panel's figures are sent to the UI.
 const VIEW_EVERY: Duration = Duration::from_millis(500);
-/// Records held while a live stream has not yet shown the VMALLOC range (its first
+/// Records held while a live stream has not yet shown the VMALLOC range (the calibration
 /// allocation carries it); past this the model gives up until the next start.
 const MAX_WAITING: usize = 1 << 20;
 
 /// What a source hands the model thread.
 pub enum Feed {
     /// A replay starts here: the kernel's facts and the state at `snapshot`. A header without
-    /// the VMALLOC range (live) takes it from the first allocation, as `record`'s calibration
-    /// does.
+    /// the VMALLOC range (live) takes it from the allocation `calibration` names, `(tgid,
+    /// size)`, as `record`'s calibration does, or from the one an earlier start learned it from.
     Start {
         header: Box<Header>,
         snapshot: Box<VmallocSnapshot>,
         scope: String,
+        calibration: Option<(u32, u64)>,
     },
     Records(Vec<Record>),
     /// The stream ended (a replay at its end): nothing more to read ahead.
@@ -53,11 +54,18 @@ pub struct ModelFeed {
 impl ModelFeed {
     /// Starts a replay from `snapshot`. Returns false when a live queue had no room; the
     /// source tries again later.
-    pub fn start(&mut self, header: &Header, snapshot: &VmallocSnapshot, scope: String) -> bool {
+    pub fn start(
+        &mut self,
+        header: &Header,
+        snapshot: &VmallocSnapshot,
+        scope: String,
+        calibration: Option<(u32, u64)>,
+    ) -> bool {
         let feed = Feed::Start {
             header: Box::new(header.clone()),
             snapshot: Box::new(snapshot.clone()),
             scope,
+            calibration,
         };
         if self.send(feed) {
             self.behind = false;
@@ -125,6 +133,10 @@ struct Running<'o> {
     live: Option<LiveReplay<'o>>,
     /// A live start waiting for the VMALLOC range, with the records meanwhile.
     waiting: Option<(Box<Header>, Box<VmallocSnapshot>, Vec<Record>)>,
+    /// The calibration allocation the range is read from, `(tgid, size)`.
+    calibration: Option<(u32, u64)>,
+    /// The VMALLOC range, once an allocation showed it (kept for later starts).
+    range: Option<(KAddr, KAddr)>,
     scope: String,
     /// Replays begun, the first included.
     starts: u64,
@@ -136,6 +148,8 @@ fn run(rx: &Receiver<Feed>, tx: &Sender<Event>, stop: &AtomicBool) {
     let mut r = Running {
         live: None,
         waiting: None,
+        calibration: None,
+        range: None,
         scope: String::new(),
         starts: 0,
         failed: None,
@@ -147,15 +161,21 @@ fn run(rx: &Receiver<Feed>, tx: &Sender<Event>, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         match rx.recv_timeout(VIEW_EVERY) {
             Ok(Feed::Start {
-                header,
+                mut header,
                 snapshot,
                 scope,
+                calibration,
             }) => {
                 r.starts += 1;
                 r.scope = scope;
                 r.failed = None;
                 r.live = None;
                 r.waiting = None;
+                r.calibration = calibration.or(r.calibration);
+                if let (None, Some((start, end))) = (header.vmap.vmalloc_start, r.range) {
+                    header.vmap.vmalloc_start = Some(start);
+                    header.vmap.vmalloc_end = Some(end);
+                }
                 if header.vmap.vmalloc_start.is_some() {
                     r.begin(&header, &snapshot, &opts);
                 } else {
@@ -196,20 +216,30 @@ impl<'o> Running<'o> {
 
     fn feed(&mut self, records: Vec<Record>, opts: &'o ReplayOptions) {
         if let Some((header, _, held)) = self.waiting.as_mut() {
+            // Only the calibration allocation is known to be a VMALLOC one: module and BPF
+            // JIT allocations carry their own windows.
+            let Some((tgid, size)) = self.calibration else {
+                self.waiting = None;
+                self.failed = Some("no allocation known to show the VMALLOC range".into());
+                return;
+            };
             let range = records.iter().find_map(|r| match r {
-                Record::Alloc(a) if a.failed == 0 => Some((a.vstart, a.vend)),
+                Record::Alloc(a) if a.failed == 0 && a.ctx.tgid == tgid && a.size == size => {
+                    Some((a.vstart, a.vend))
+                }
                 _ => None,
             });
             held.extend(records);
             let Some((vstart, vend)) = range else {
                 if held.len() > MAX_WAITING {
                     self.waiting = None;
-                    self.failed = Some("no allocation showed the VMALLOC range".into());
+                    self.failed = Some("the calibration allocation did not show".into());
                 }
                 return;
             };
             header.vmap.vmalloc_start = Some(vstart);
             header.vmap.vmalloc_end = Some(vend);
+            self.range = Some((vstart, vend));
             let (header, snapshot, held) = self.waiting.take().expect("waiting");
             self.begin(&header, &snapshot, opts);
             self.push(held);
@@ -244,7 +274,9 @@ impl<'o> Running<'o> {
         }
         match (&self.live, &self.waiting) {
             (Some(l), _) => Ok(view(&l.figures(), &self.scope, self.starts)),
-            (None, Some(_)) => Err("waiting for an allocation to show the VMALLOC range".into()),
+            (None, Some(_)) => {
+                Err("waiting for the calibration allocation to show the VMALLOC range".into())
+            }
             (None, None) => Err("waiting for the start snapshot".into()),
         }
     }

@@ -169,7 +169,7 @@ fn replay(
                         snap.ts_start_ns += offset;
                         snap.ts_end_ns += offset;
                         let scope = format!("{}, fed as replayed", spec.name());
-                        feed.start(&header, &snap, scope);
+                        feed.start(&header, &snap, scope, None);
                     }
                     if round > 0 {
                         continue;
@@ -301,17 +301,26 @@ async fn live(
     if tx.send(Event::Start(Box::new(info))).is_err() {
         return;
     }
-    // The model takes the VMALLOC range from the first allocation it sees (the header has
-    // none without `record`'s calibration allocation).
+    // The model takes the VMALLOC range from a calibration allocation of our own, made right
+    // after the snapshot below, as `record` does (the header has none without it).
     let header = crate::record::header(&facts, &Default::default(), &probes);
+    let calibration = (
+        std::process::id(),
+        crate::workload::fix_size_area_bytes(1, facts.page_size),
+    );
     let (mut feed, _model) = super::model::spawn(tx.clone(), stop.clone(), true);
     let mut reorder = Reorder::default();
     // The start snapshot seeds the footprint and the model, as it seeds a replay.
     match vmallocinfo::snapshot() {
         Ok(s) => {
             let _ = tx.send(Event::Callers(Ok(top_callers(&s, TOP_CALLERS))));
-            feed.start(&header, &s, LIVE_SCOPE.into());
+            feed.start(&header, &s, LIVE_SCOPE.into(), Some(calibration));
             reorder.push(Record::Vmallocinfo(Box::new(s)));
+            if let Err(e) = crate::workload::ArrayMap::create(1, facts.page_size) {
+                let _ = tx.send(Event::Model(Box::new(Err(format!(
+                    "the calibration allocation failed: {e}"
+                )))));
+            }
         }
         Err(e) => {
             let _ = tx.send(Event::Callers(Err(format!("vmallocinfo: {e}"))));
@@ -363,7 +372,7 @@ async fn live(
                     // Records were dropped: the model starts again from a fresh snapshot (the
                     // replay ignores the records before it that are still in the reorder).
                     if let Ok(s) = vmallocinfo::snapshot() {
-                        feed.start(&header, &s, LIVE_SCOPE.into());
+                        feed.start(&header, &s, LIVE_SCOPE.into(), None);
                     }
                 }
                 if last_callers.elapsed() >= CALLERS_EVERY {
