@@ -89,6 +89,16 @@ pub fn pull_one(
     (taken > 0).then_some(head)
 }
 
+/// The kernel symbol at `addr`, or the address when there is no symbol table.
+fn function_name(probes: &LoadedProbes, addr: u64) -> String {
+    probes
+        .ksyms
+        .as_ref()
+        .and_then(|k| k.resolve(addr))
+        .map(|(s, _)| s.name.clone())
+        .unwrap_or_else(|| format!("{addr:#x}"))
+}
+
 /// Drains one ring, stopping after `max` ring records, so a reader that holds what it drains
 /// can bound what it holds: the rest waits in the ring buffer, whose memory is already paid
 /// for. Returns the records taken (decodable or not) and how many of them could not be decoded.
@@ -128,6 +138,13 @@ pub fn drain_at_most(
             for (lock, class) in classifier.take_newly_known() {
                 probes.mark_known_lock(lock, class);
             }
+        }
+        // Work records carry the function's address; replay finds the drain item by its name,
+        // so every reader of the rings (record, serve, top) gets the name here.
+        if let Record::Work(w) = &mut rec {
+            w.function = function_name(probes, w.function_addr.0);
+        } else if let Record::WorkStart(w) = &mut rec {
+            w.function = function_name(probes, w.function_addr.0);
         }
         push(rec);
     }

@@ -316,24 +316,11 @@ impl Pipeline {
         }
         reorder.merge_from(heads, rings.len(), MAX_HELD, |i| {
             let pulled = crate::live::pull_one(rings, i, probes, classifier, stacks)?;
-            let Some(mut rec) = pulled else {
+            let Some(rec) = pulled else {
                 *undecodable_total += 1;
                 return Some(None);
             };
             observe(&rec);
-            let name = |addr: u64| {
-                probes
-                    .ksyms
-                    .as_ref()
-                    .and_then(|k| k.resolve(addr))
-                    .map(|(s, _)| s.name.clone())
-                    .unwrap_or_else(|| format!("{addr:#x}"))
-            };
-            match &mut rec {
-                Record::Work(w) => w.function = name(w.function_addr.0),
-                Record::WorkStart(w) => w.function = name(w.function_addr.0),
-                _ => {}
-            }
             Some(Some(rec))
         })
     }
