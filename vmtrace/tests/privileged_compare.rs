@@ -1,7 +1,8 @@
 //! `vmtrace compare` on real recordings of this kernel: the same workload recorded twice
 //! flags no more than the stated false-positive rate allows, and one against two threads of
 //! the same workload flags the differences two threads make on a two-CPU machine (more
-//! allocations per second, more purges, waits on the busy lock, smaller mean purges).
+//! allocations per second, more purges, smaller mean purges, a drain that waits behind two busy
+//! CPUs) and shows more waits on the busy lock.
 //!
 //! Without BPF privileges the test skips loudly, unless `VMTRACE_REQUIRE_PRIVILEGED=1`, where
 //! it fails.
@@ -65,12 +66,12 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
     common::record_stress_with(&again, &["--drain-pools"], STRESS_1);
     common::record_stress_with(&two, &["--drain-pools"], STRESS_2);
 
-    // Same workload: docs/compare.md measured 18 flagged of 262 tested rows over ten such
-    // pairs (7 %), most of them lock-wait rows. Rows of one group are not independent: a
-    // lock's wait count, time waiting and p99 move together, and so do a purge's drain
-    // latency and drain item run time (both follow where the kworker ran). One pair flagged
-    // six rows in only two groups (the pool lock's three, and three drain rows), so the
-    // groups are counted: at most one tested group in three, and at least 2.
+    // Same workload: docs/compare.md measured 24 flagged of 394 tested rows (6 %) over
+    // sixteen pairs of four workloads, most of them wait-time rows. Rows of one group are not
+    // independent: a lock's wait count, time waiting and p99 move together, and so do a
+    // purge's drain latency and drain item run time (both follow where the kworker ran). So
+    // the groups are counted: at most one tested group in three, and at least 2. Ten pairs of
+    // this workload flagged one group at most.
     let same = compare(&one, &again);
     let tested = same["tested"].as_u64().unwrap();
     let f = flagged(&same);
@@ -101,7 +102,9 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
     );
     assert!(same["header_differences"].as_array().unwrap().is_empty());
 
-    // One thread against two: the differences every recording of it showed here.
+    // One thread against two: the differences all ten pairs of docs/compare.md flagged
+    // (allocations 1.28-1.57x, purges 1.64-2.06x, mean npurged 0.76-0.87x, drain latency p90
+    // 6.7-78x).
     let diff = compare(&one, &two);
     let f = flagged(&diff);
     eprintln!("one against two threads: {f:?}");
@@ -109,12 +112,23 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
     for (metric, up) in [
         ("events: allocations", true),
         ("events: purges", true),
-        ("lock waits: node_busy_lock: waits", true),
         ("purges: npurged mean", false),
+        ("purges: drain latency p90", true),
     ] {
         let r = ratio(metric).unwrap_or_else(|| panic!("{metric} not flagged: {f:?}"));
         assert_eq!(r > 1.0, up, "{metric}: B/A {r}");
     }
+    // Busy-lock waits rise 1.8-4.5x; flagged past the wait-time floor (1.6x) in all ten pairs,
+    // but a factor near the floor is within what the scheduler alone moves, so only the
+    // direction is asserted.
+    let busy = diff["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["group"] == "lock waits: node_busy_lock" && r["metric"] == "waits")
+        .and_then(|r| r["ratio"].as_f64())
+        .expect("busy-lock waits on both sides");
+    assert!(busy > 1.3, "busy-lock waits B/A {busy}");
     let cmd = diff["header_differences"]
         .as_array()
         .unwrap()
