@@ -188,6 +188,23 @@ fn top_live_while_stress_runs() {
         .stderr(Stdio::null())
         .spawn()
         .expect("vmtrace stress starts");
+    // The page probes start off; `t` attaches them and the panel gives their measured cost
+    // and the probe's table pages beside the model's.
+    t.wait_for("page probes off, t attaches", Duration::from_secs(10));
+    t.keys("t");
+    let pages = t.wait_for("ns/event", Duration::from_secs(10));
+    eprintln!("after t:\n{pages}");
+    let cost = regex::Regex::new(r"cost (\d+) ns/event, (\d+)/s, ([\d.]+) % of one CPU").unwrap();
+    let c = cost.captures(&pages).expect("the cost line");
+    let (ns, rate): (u64, u64) = (c[1].parse().unwrap(), c[2].parse().unwrap());
+    assert!(ns > 0 && rate > 0, "page probe cost {ns} ns at {rate}/s");
+    let pte = regex::Regex::new(r"pte table pages\s+(\d+)\s+(\d+)\s+(\d+)").unwrap();
+    assert!(pte.is_match(&pages), "no numeric page-table row after t");
+    // Detached and attached again: the programs stay loaded and are linked anew.
+    t.keys("t");
+    t.wait_for("page probes off, t attaches", Duration::from_secs(10));
+    t.keys("t");
+    t.wait_for("ns/event", Duration::from_secs(10));
     let (a, b, first, second) = watch_and_quit(&t, "vmtrace top | live");
     let _ = stress.kill();
     let _ = stress.wait();

@@ -162,6 +162,16 @@ pub struct Choice {
     pub not_requested: bool,
 }
 
+/// The programs of a choice's rung (none when it has none).
+pub fn rung_programs(choice: &Choice) -> &'static [ProgSpec] {
+    match choice.rung {
+        Rung::Fentry => choice.logical.fentry,
+        Rung::Kprobe => choice.logical.kprobe,
+        Rung::Tracepoint => choice.logical.tracepoint,
+        Rung::None => &[],
+    }
+}
+
 /// Names of the optional logical probes, for `--probes` validation and help.
 pub fn logical_names() -> Vec<&'static str> {
     LOGICAL.iter().map(|l| l.name).collect()

@@ -215,8 +215,17 @@ pub struct LoadedProbes {
     links: Vec<Box<dyn std::any::Any>>,
     /// The program attached to each of [`TRACEPOINTS`]: the raw twin or the perf program.
     vmalloc_programs: Vec<&'static str>,
-    /// Owned links of the ladder probes; dropping one detaches it.
-    optional_links: Vec<Box<dyn std::any::Any>>,
+    /// Owned links of the ladder probes, by logical probe; dropping one detaches it.
+    optional_links: Vec<(&'static str, Box<dyn std::any::Any>)>,
+    /// Raw-attach plans, kept to attach the page probes again ([`Self::set_page_probes`]).
+    plans: Vec<RawPlan>,
+    /// The programs of the page probes while they are attached, and the kernel's run count
+    /// and run time of those programs when they were attached.
+    page_programs: Vec<&'static str>,
+    page_baseline: (u64, u64),
+    /// Holds `BPF_ENABLE_STATS` while the page probes are on, so their cost per event is
+    /// measured; the kernel stops counting when it is dropped, whatever way the process ends.
+    stats: Option<std::os::fd::OwnedFd>,
     counters: Option<PerCpuArray<MapData, u64>>,
     backing: Option<PerCpuArray<MapData, u64>>,
     stacks: Option<StackTraceMap<MapData>>,
@@ -228,6 +237,10 @@ pub struct LoadedProbes {
     /// The ladder's decision for each logical probe.
     pub choices: Vec<Choice>,
 }
+
+/// The probes on the page allocator, toggled together ([`LoadedProbes::set_page_probes`]): on
+/// the tracepoint rung they share one program.
+pub const PAGE_PROBES: [&str; 2] = ["page_tables", "backing_pages"];
 
 /// A tracepoint of the ladder, with the fields its program reads.
 struct LadderTp {
@@ -640,16 +653,12 @@ impl LoadedProbes {
 
         // The ladder probes: optional, so a failure is reported, never fatal.
         let btf = Btf::from_sys_fs().ok();
-        let mut optional_links: Vec<Box<dyn std::any::Any>> = Vec::new();
+        let mut optional_links: Vec<(&'static str, Box<dyn std::any::Any>)> = Vec::new();
         let mut attached_tps: Vec<&'static str> = Vec::new();
         let mut attach_how: Vec<(&'static str, Attached)> = Vec::new();
+        let mut page_programs = Vec::new();
         for choice in &mut choices {
-            let progs: &[ProgSpec] = match choice.rung {
-                Rung::Fentry => choice.logical.fentry,
-                Rung::Kprobe => choice.logical.kprobe,
-                Rung::Tracepoint => choice.logical.tracepoint,
-                Rung::None => &[],
-            };
+            let progs = ladder::rung_programs(choice);
             if choice.rung == Rung::Tracepoint {
                 let missing: Vec<String> = progs
                     .iter()
@@ -681,10 +690,13 @@ impl LoadedProbes {
                     &plans,
                 ) {
                     Ok((link, how)) => {
+                        let program = how
+                            .as_ref()
+                            .map_or(spec.program, |h| h.program(spec.program));
                         if let Some(how) = how {
                             attach_how.push((spec.target, how));
                         }
-                        new_links.push((spec.program, link))
+                        new_links.push((spec.program, program, link))
                     }
                     Err(why) => {
                         failure = Some(why);
@@ -694,11 +706,14 @@ impl LoadedProbes {
             }
             match failure {
                 None => {
-                    for (program, link) in new_links {
+                    for (program, running, link) in new_links {
                         if choice.rung == Rung::Tracepoint {
                             attached_tps.push(program);
                         }
-                        optional_links.push(link);
+                        if PAGE_PROBES.contains(&choice.logical.name) {
+                            page_programs.push(running);
+                        }
+                        optional_links.push((choice.logical.name, link));
                     }
                 }
                 Some(why) => {
@@ -735,7 +750,8 @@ impl LoadedProbes {
                     &plans,
                 );
                 Some(attached.map(|new_links| {
-                    optional_links.extend(new_links.into_iter().map(|(link, _)| link));
+                    optional_links
+                        .extend(new_links.into_iter().map(|(link, _)| ("purge_work", link)));
                     drain_notes.push("drain items from the workqueue tracepoints".into());
                 }))
             }
@@ -753,7 +769,7 @@ impl LoadedProbes {
                 );
                 drain_notes.push(match flush {
                     Ok((link, how)) => {
-                        optional_links.push(link);
+                        optional_links.push(("purge_work", link));
                         format!(
                             "drain items timed at their TLB flush ({}, {})",
                             FLUSH_TP.target,
@@ -856,6 +872,10 @@ impl LoadedProbes {
             links,
             vmalloc_programs,
             optional_links,
+            plans,
+            page_programs,
+            page_baseline: (0, 0),
+            stats: None,
             counters,
             backing,
             stacks,
@@ -925,6 +945,112 @@ impl LoadedProbes {
     pub fn detach(&mut self) {
         self.optional_links.clear();
         self.links.clear();
+        self.page_programs.clear();
+    }
+
+    /// Whether the page probes ([`PAGE_PROBES`]) are attached now.
+    pub fn page_probes_on(&self) -> bool {
+        !self.page_programs.is_empty()
+    }
+
+    /// Attaches or detaches the page probes ([`PAGE_PROBES`]) while the others run: they hook
+    /// the page allocator, which every part of the kernel calls, so `top` keeps them off until
+    /// asked. Their rung and filters were settled at load, so they must have been wanted then;
+    /// otherwise, or when no rung attached, says why. Attaching also starts the kernel's run
+    /// statistics ([`Self::page_probe_cost`]), held until they are detached.
+    pub fn set_page_probes(&mut self, on: bool) -> Result<(), String> {
+        if !on {
+            self.optional_links
+                .retain(|(logical, _)| !PAGE_PROBES.contains(logical));
+            self.page_programs.clear();
+            self.stats = None;
+            return Ok(());
+        }
+        if !self.page_probes_on() {
+            let choices: Vec<Choice> = self
+                .choices
+                .iter()
+                .filter(|c| PAGE_PROBES.contains(&c.logical.name))
+                .cloned()
+                .collect();
+            let usable: Vec<&Choice> = choices.iter().filter(|c| c.rung != Rung::None).collect();
+            if usable.is_empty() {
+                let why: Vec<String> = choices
+                    .iter()
+                    .map(|c| {
+                        let refused: Vec<String> =
+                            c.refused.iter().map(|(_, why)| why.clone()).collect();
+                        match (c.not_requested, refused.is_empty()) {
+                            (true, _) => format!("{}: not loaded", c.logical.name),
+                            (false, true) => format!("{}: no rung", c.logical.name),
+                            (false, false) => format!("{}: {}", c.logical.name, refused.join("; ")),
+                        }
+                    })
+                    .collect();
+                return Err(if why.is_empty() {
+                    "no page probe in this object".into()
+                } else {
+                    why.join("; ")
+                });
+            }
+            let btf = Btf::from_sys_fs().ok();
+            let mut links = Vec::new();
+            let mut programs: Vec<&'static str> = Vec::new();
+            let mut seen: Vec<&'static str> = Vec::new();
+            for choice in usable {
+                for spec in ladder::rung_programs(choice) {
+                    if seen.contains(&spec.program) {
+                        continue;
+                    }
+                    let (link, how) = attach_one(
+                        &mut self.ebpf,
+                        choice.rung,
+                        spec,
+                        btf.as_ref(),
+                        self.ksyms.as_ref(),
+                        &self.plans,
+                    )?;
+                    seen.push(spec.program);
+                    programs.push(
+                        how.as_ref()
+                            .map_or(spec.program, |h| h.program(spec.program)),
+                    );
+                    links.push((choice.logical.name, link));
+                }
+            }
+            self.optional_links.extend(links);
+            self.page_programs = programs;
+        }
+        if self.stats.is_none() {
+            self.stats = Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .map_err(|e| format!("BPF_ENABLE_STATS: {e}"))?,
+            );
+            self.page_baseline = self.page_runs();
+        }
+        Ok(())
+    }
+
+    /// Runs and run time of the page probes' programs, as the kernel counts them.
+    fn page_runs(&self) -> (u64, u64) {
+        self.page_programs
+            .iter()
+            .filter_map(|p| self.ebpf.program(p)?.info().ok())
+            .fold((0, 0), |(n, t), i| {
+                let ns = u64::try_from(i.run_time().as_nanos()).unwrap_or(u64::MAX);
+                (n + i.run_count(), t.saturating_add(ns))
+            })
+    }
+
+    /// The page probes' program runs and the nanoseconds they took since they were attached by
+    /// [`Self::set_page_probes`]; `None` while they are off or unmeasured.
+    pub fn page_probe_cost(&self) -> Option<(u64, u64)> {
+        self.stats.as_ref()?;
+        let (n, t) = self.page_runs();
+        Some((
+            n.saturating_sub(self.page_baseline.0),
+            t.saturating_sub(self.page_baseline.1),
+        ))
     }
 
     /// Takes the event rings in use, CPU `c`'s being number `c % nr_rings`; call once.
@@ -1063,14 +1189,18 @@ fn attach_one(
             let btf = btf.ok_or_else(|| "no kernel BTF".to_string())?;
             if spec.ret {
                 let p: &mut FExit = prog.try_into().map_err(|e| err("type check", &e))?;
-                p.load(&target, btf).map_err(|e| err("load", &e))?;
+                if p.fd().is_err() {
+                    p.load(&target, btf).map_err(|e| err("load", &e))?;
+                }
                 let id = p.attach().map_err(|e| err("attach", &e))?;
                 let link: Box<dyn std::any::Any> =
                     Box::new(p.take_link(id).map_err(|e| err("link", &e))?);
                 Ok(link)
             } else {
                 let p: &mut FEntry = prog.try_into().map_err(|e| err("type check", &e))?;
-                p.load(&target, btf).map_err(|e| err("load", &e))?;
+                if p.fd().is_err() {
+                    p.load(&target, btf).map_err(|e| err("load", &e))?;
+                }
                 let id = p.attach().map_err(|e| err("attach", &e))?;
                 let link: Box<dyn std::any::Any> =
                     Box::new(p.take_link(id).map_err(|e| err("link", &e))?);
@@ -1079,7 +1209,9 @@ fn attach_one(
         }
         Rung::Kprobe => {
             let p: &mut KProbe = prog.try_into().map_err(|e| err("type check", &e))?;
-            p.load().map_err(|e| err("load", &e))?;
+            if p.fd().is_err() {
+                p.load().map_err(|e| err("load", &e))?;
+            }
             let id = p.attach(&target, 0).map_err(|e| err("attach", &e))?;
             let link: Box<dyn std::any::Any> =
                 Box::new(p.take_link(id).map_err(|e| err("link", &e))?);
@@ -1172,7 +1304,10 @@ fn attach_tracepoint(
         .ok_or(("lookup", missing()))?
         .try_into()
         .map_err(|e| ("type check", e))?;
-    p.load().map_err(|e| ("verifier load", e))?;
+    // Loaded already when the page probes are attached again.
+    if p.fd().is_err() {
+        p.load().map_err(|e| ("verifier load", e))?;
+    }
     let id = p.attach(category, name).map_err(|e| ("attach", e))?;
     let link = p.take_link(id).map_err(|e| ("link", e))?;
     Ok((Box::new(link), Attached::Perf(why_perf)))
@@ -1187,7 +1322,9 @@ fn attach_raw(
         .program_mut(program)
         .ok_or(aya::programs::ProgramError::UnexpectedProgramType)?
         .try_into()?;
-    p.load()?;
+    if p.fd().is_err() {
+        p.load()?;
+    }
     let id = p.attach(name)?;
     Ok(Box::new(p.take_link(id)?))
 }
@@ -1198,12 +1335,7 @@ fn ladder_info(
     fields: &[(String, Vec<Field>)],
     ksyms: Option<&Kallsyms>,
 ) -> ProbeInfo {
-    let progs: &[ProgSpec] = match choice.rung {
-        Rung::Fentry => choice.logical.fentry,
-        Rung::Kprobe => choice.logical.kprobe,
-        Rung::Tracepoint => choice.logical.tracepoint,
-        Rung::None => &[],
-    };
+    let progs = ladder::rung_programs(choice);
     let targets: Vec<String> = progs
         .iter()
         .map(|p| ladder::resolve_target(p.target, ksyms))

@@ -6,7 +6,12 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use crate::model::SlotCounts;
+use crate::probe::loader::PAGE_PROBES;
 use crate::trace::{AreaKind, Header, LockClass, ProbeInfo, PtLevel, Record, VmallocSnapshot};
+
+/// What the header says of the page probes while `top` keeps them off.
+pub const PAGE_PROBES_OFF: &str = "off: press t to attach (hooks the page allocator)";
 
 /// Longest time window, in one-second buckets: the ring buffers never grow beyond it.
 pub const MAX_WINDOW_SECS: usize = 600;
@@ -31,9 +36,34 @@ pub enum Event {
     Model(Box<Result<ModelView, String>>),
     /// The source stopped (replay ended, ring buffer broke): shown in the header.
     SourceEnded(String),
+    /// The live source's page probes: after each toggle, and each second while they are on.
+    PageProbes(PageProbes),
     /// The terminal changed size: redraw.
     Resize,
     Tick,
+}
+
+/// Requests from the screen to a live source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Attach (true) or detach the page probes (`probe::loader::PAGE_PROBES`).
+    PageProbes(bool),
+}
+
+/// The page probes of a live source, as it last reported them. They hook the page allocator,
+/// which the whole kernel calls, so they start off and the panel shows what they cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PageProbes {
+    pub on: bool,
+    /// The rung they attach on, e.g. "tracepoint".
+    pub rung: String,
+    /// Why the last toggle failed.
+    pub error: Option<String>,
+    /// Program runs and their run time as the kernel counted them since the probes were
+    /// attached, over `secs` seconds.
+    pub runs: u64,
+    pub run_ns: u64,
+    pub secs: f64,
 }
 
 /// The keys `vmtrace top` understands, decoupled from crossterm so tests need no terminal.
@@ -178,9 +208,9 @@ pub struct ModelView {
     pub pooled_objects: u64,
     pub predicted_high_water: String,
     pub observed_high_water: String,
-    /// Page-table slots, predicted and observed (`pte/pmd/pud` counts as text).
-    pub predicted_slots: String,
-    pub observed_slots: String,
+    /// Page-table slots the model's placements touched, and the kernel's observed ones.
+    pub predicted_slots: SlotCounts,
+    pub observed_slots: SlotCounts,
     /// The newest divergences, newest first.
     pub recent: Vec<String>,
 }
@@ -317,6 +347,10 @@ pub struct Counters {
     pub high_water: u64,
     /// Lost events when the counters were last reset, so `lost` shows losses since then.
     pub lost_base: u64,
+    /// The model's slots (predicted, observed) when the counters were last reset or the page
+    /// probes attached, so the page-table panel sets the probe's pages since then beside the
+    /// model's tables since then.
+    pub slot_base: Option<(SlotCounts, SlotCounts)>,
 }
 
 /// The whole state of `vmtrace top`.
@@ -347,6 +381,10 @@ pub struct App {
     pending: Vec<Batch>,
     pending_records: usize,
     pub dropped_while_paused: u64,
+    /// The live source's page probes; `None` for a replay, which has no probes to toggle.
+    pub page_probes: Option<PageProbes>,
+    /// Requests for the source, taken by the screen loop after each event.
+    pub controls: Vec<Control>,
     /// Set by anything that changes what is drawn; the loop clears it after drawing.
     pub dirty: bool,
 }
@@ -361,7 +399,11 @@ impl App {
     pub fn new() -> Self {
         Self {
             info: None,
-            c: Counters::default(),
+            // The model counts slots from the start snapshot, and so do the counters.
+            c: Counters {
+                slot_base: Some(Default::default()),
+                ..Counters::default()
+            },
             busy: HashMap::new(),
             busy_bytes: 0,
             lazy_bytes: 0,
@@ -382,6 +424,8 @@ impl App {
             pending: Vec::new(),
             pending_records: 0,
             dropped_while_paused: 0,
+            page_probes: None,
+            controls: Vec::new(),
             dirty: true,
         }
     }
@@ -415,10 +459,39 @@ impl App {
             }
             Event::Model(m) => {
                 self.model = *m;
+                if self.c.slot_base.is_none() {
+                    // Attached or reset before the model had a view: count from its first.
+                    self.c.slot_base = self.model_slots();
+                }
                 self.dirty = !self.paused;
             }
             Event::SourceEnded(why) => {
                 self.ended = Some(why);
+                self.dirty = true;
+            }
+            Event::PageProbes(pp) => {
+                let was_on = self.page_probes.as_ref().is_some_and(|p| p.on);
+                if pp.on && !was_on {
+                    // Counted from the attach on, beside the model's tables from then on.
+                    self.c.pt_pages.clear();
+                    self.c.slot_base = self.model_slots();
+                }
+                if let Some(info) = &mut self.info {
+                    for p in &mut info.probes {
+                        let page = p
+                            .logical
+                            .as_deref()
+                            .is_some_and(|l| PAGE_PROBES.contains(&l));
+                        if page && pp.on {
+                            p.rung = pp.rung.clone();
+                            p.note = None;
+                        } else if page {
+                            p.rung = "off".into();
+                            p.note = Some(PAGE_PROBES_OFF.into());
+                        }
+                    }
+                }
+                self.page_probes = Some(pp);
                 self.dirty = true;
             }
             Event::Resize => self.dirty = true,
@@ -448,6 +521,10 @@ impl App {
             Key::Char('-') => self.window_secs = (self.window_secs / 2).max(MIN_WINDOW_SECS),
             Key::Char('r') => self.reset(),
             Key::Char('?') | Key::Char('h') => self.help = true,
+            Key::Char('t') => match &self.page_probes {
+                Some(pp) => self.controls.push(Control::PageProbes(!pp.on)),
+                None => self.dirty = false,
+            },
             _ => self.dirty = false,
         }
     }
@@ -476,10 +553,19 @@ impl App {
             node_bytes: vec![0; nodes],
             high_water: self.busy_bytes + self.lazy_bytes,
             lost_base: self.lost_total,
+            slot_base: self.model_slots(),
             ..Counters::default()
         };
         self.c.alloc_rate.advance(self.now_sec);
         self.dropped_while_paused = 0;
+    }
+
+    /// The model's page-table slots now, (predicted, observed).
+    fn model_slots(&self) -> Option<(SlotCounts, SlotCounts)> {
+        self.model
+            .as_ref()
+            .ok()
+            .map(|m| (m.predicted_slots, m.observed_slots))
     }
 
     /// Records held back by a pause.

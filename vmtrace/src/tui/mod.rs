@@ -26,7 +26,7 @@ use clap::Args;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-use app::{App, Event};
+use app::{App, Control, Event};
 use source::{ReplayInput, ReplaySpec};
 
 /// The screen is redrawn at most this often (10 Hz).
@@ -105,6 +105,7 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
     let batch = args.batch || !std::io::stdout().is_terminal();
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
     let stop = Arc::new(AtomicBool::new(false));
+    let mut control = None;
     install_signal_handlers();
 
     match &args.replay {
@@ -122,30 +123,39 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
             let wanted = crate::probe::selection::resolve_probes(&args.probes)
                 .map_err(anyhow::Error::msg)?;
             let ring_bytes = u64::from(args.ring_mib) << 20;
-            if let Err(why) = source::spawn_live(wanted, ring_bytes, tx.clone(), stop.clone()) {
-                let banner = format!(
-                    "live capture unavailable ({}): replaying the bundled trace",
-                    first_sentence(&why)
-                );
-                if !batch {
-                    // The reason in full, for the scrollback once the screen is restored.
-                    eprintln!("vmtrace top: {why}");
+            match source::spawn_live(wanted, ring_bytes, tx.clone(), stop.clone()) {
+                Ok((_, c)) => control = Some(c),
+                Err(why) => {
+                    let banner = format!(
+                        "live capture unavailable ({}): replaying the bundled trace",
+                        first_sentence(&why)
+                    );
+                    if !batch {
+                        // The reason in full, for the scrollback once the screen is restored.
+                        eprintln!("vmtrace top: {why}");
+                    }
+                    let spec = ReplaySpec {
+                        input: ReplayInput::Bundled,
+                        speed: args.speed,
+                        looped: true,
+                        banner: Some(banner),
+                    };
+                    source::spawn_replay(spec, tx.clone(), stop.clone());
                 }
-                let spec = ReplaySpec {
-                    input: ReplayInput::Bundled,
-                    speed: args.speed,
-                    looped: true,
-                    banner: Some(banner),
-                };
-                source::spawn_replay(spec, tx.clone(), stop.clone());
             }
         }
     }
 
+    // Requests from the screen (`t`) go to the live source; a replay has none to take them.
+    let send = |c: Control| {
+        if let Some(tx) = &control {
+            let _ = tx.send(c);
+        }
+    };
     let result = if batch {
         run_batch(&rx, args)
     } else {
-        run_tui(&rx, tx)
+        run_tui(&rx, tx, send)
     };
     stop.store(true, Ordering::Relaxed);
     result.map(|()| ExitCode::SUCCESS)
@@ -156,7 +166,11 @@ fn first_sentence(s: &str) -> &str {
 }
 
 /// The interactive loop: owns the terminal until `q`, Ctrl-C or a signal.
-fn run_tui(rx: &Receiver<Event>, tx: std::sync::mpsc::Sender<Event>) -> anyhow::Result<()> {
+fn run_tui(
+    rx: &Receiver<Event>,
+    tx: std::sync::mpsc::Sender<Event>,
+    send: impl FnMut(Control),
+) -> anyhow::Result<()> {
     // Nothing may write to the screen the TUI owns: logs are dropped while it runs.
     log::set_max_level(log::LevelFilter::Off);
     let guard = term::TerminalGuard::enter().context("taking over the terminal")?;
@@ -164,9 +178,13 @@ fn run_tui(rx: &Receiver<Event>, tx: std::sync::mpsc::Sender<Event>) -> anyhow::
     let input_stop = Arc::new(AtomicBool::new(false));
     term::spawn_input(tx, input_stop.clone());
     let mut app = App::new();
-    let result = ui_loop(&mut terminal, &mut app, rx, || {
-        SIGNALLED.load(Ordering::Relaxed)
-    });
+    let result = ui_loop(
+        &mut terminal,
+        &mut app,
+        rx,
+        || SIGNALLED.load(Ordering::Relaxed),
+        send,
+    );
     input_stop.store(true, Ordering::Relaxed);
     drop(terminal);
     drop(guard);
@@ -174,12 +192,14 @@ fn run_tui(rx: &Receiver<Event>, tx: std::sync::mpsc::Sender<Event>) -> anyhow::
 }
 
 /// Applies events and redraws at most every [`FRAME_EVERY`], until the app quits, `stop()`
-/// says so or every sender is gone. Generic over the backend so tests can drive it.
+/// says so or every sender is gone; the app's requests for the source go to `send`. Generic
+/// over the backend so tests can drive it.
 pub fn ui_loop<B: ratatui::backend::Backend>(
     terminal: &mut Terminal<B>,
     app: &mut App,
     rx: &Receiver<Event>,
     stop: impl Fn() -> bool,
+    mut send: impl FnMut(Control),
 ) -> anyhow::Result<()>
 where
     B::Error: Send + Sync + 'static,
@@ -202,6 +222,9 @@ where
             }
             Err(RecvTimeoutError::Timeout) => app.handle(Event::Tick),
             Err(RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+        for c in app.controls.drain(..) {
+            send(c);
         }
         if app.quit || stop() {
             return Ok(());

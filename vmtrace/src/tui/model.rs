@@ -284,12 +284,6 @@ impl<'o> Running<'o> {
 
 /// The panel's figures from the replay's.
 pub fn view(f: &LiveFigures, scope: &str, starts: u64) -> ModelView {
-    let slots = |s: &crate::model::SlotCounts| {
-        format!(
-            "pte {} pmd {} pud {}",
-            s.pte_tables, s.pmd_tables, s.pud_tables
-        )
-    };
     let e = f.explained;
     let pct = |a: crate::replay::Agreement| a.percent();
     let warm = match (f.warmup_ts, f.warmup_line) {
@@ -325,8 +319,8 @@ pub fn view(f: &LiveFigures, scope: &str, starts: u64) -> ModelView {
         pooled_objects: f.pooled_objects,
         predicted_high_water: format!("{:#x}", f.predicted_high_water),
         observed_high_water: format!("{:#x}", f.observed_high_water),
-        predicted_slots: slots(&f.predicted_slots),
-        observed_slots: slots(&f.observed_slots),
+        predicted_slots: f.predicted_slots,
+        observed_slots: f.observed_slots,
         recent: f
             .recent
             .iter()

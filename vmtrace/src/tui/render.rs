@@ -375,41 +375,129 @@ pub fn footprint(f: &mut Frame, area: Rect, app: &App) {
     f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
 }
 
-/// Page-table pages seen by the page_tables probe, meminfo PageTables, and the model's slots.
+/// Page-table pages seen by the page_tables probe beside the tables the model's placements and
+/// the kernel's placements need, meminfo PageTables, and, live, what the page probes cost.
 pub fn page_tables(f: &mut Frame, area: Rect, app: &App) {
     let mut lines = Vec::new();
+    if let Some(pp) = &app.page_probes {
+        lines.extend(page_probe_lines(pp).into_iter().map(Line::from));
+    }
     let attached = app
         .info
         .as_ref()
         .map_or(Err("no source yet".to_string()), |i| {
             i.probe_attached("page_tables")
         });
-    if app.c.pt_pages.is_empty() {
-        match attached {
-            Err(why) => lines.push(Line::from(format!("events: n/a: {why}"))),
-            Ok(()) => lines.push(Line::from("events: none yet")),
-        }
+    let since = if app.page_probes.is_some() {
+        "since attached or reset"
     } else {
-        let v: Vec<String> = app
-            .c
-            .pt_pages
-            .iter()
-            .map(|(l, n)| format!("{l} {n}"))
-            .collect();
-        lines.push(Line::from(format!("observed pages: {}", v.join(", "))));
+        "since start or reset"
+    };
+    match (&app.model, attached) {
+        (Ok(m), attached) => {
+            let base = app.c.slot_base.unwrap_or_default();
+            // A replay's trace may hold the probe's records whatever its header says.
+            let seen = attached.is_ok() || !app.c.pt_pages.is_empty();
+            let probe = |level: &str| match seen {
+                true => app.c.pt_pages.get(level).copied().unwrap_or(0).to_string(),
+                false => "n/a".into(),
+            };
+            lines.push(Line::from(format!(
+                "{since:<24}{:>7}{:>7}{:>7}",
+                "probe", "model", "kernel"
+            )));
+            let (p, o) = (m.predicted_slots, m.observed_slots);
+            for (level, p, o, bp, bo) in [
+                (
+                    "pte",
+                    p.pte_tables,
+                    o.pte_tables,
+                    base.0.pte_tables,
+                    base.1.pte_tables,
+                ),
+                (
+                    "pmd",
+                    p.pmd_tables,
+                    o.pmd_tables,
+                    base.0.pmd_tables,
+                    base.1.pmd_tables,
+                ),
+                (
+                    "pud",
+                    p.pud_tables,
+                    o.pud_tables,
+                    base.0.pud_tables,
+                    base.1.pud_tables,
+                ),
+            ] {
+                lines.push(Line::from(format!(
+                    "{:<24}{:>7}{:>7}{:>7}",
+                    format!("  {level} table pages"),
+                    probe(level),
+                    p.saturating_sub(bp),
+                    o.saturating_sub(bo)
+                )));
+            }
+            if let (false, Err(why)) = (seen, attached) {
+                lines.push(Line::from(format!("probe: n/a: {why}")));
+            }
+        }
+        (Err(why), attached) => {
+            match attached {
+                Err(w) => lines.push(Line::from(format!("probe pages: n/a: {w}"))),
+                Ok(()) if app.c.pt_pages.is_empty() => {
+                    lines.push(Line::from("probe pages: none yet"))
+                }
+                Ok(()) => {
+                    let v: Vec<String> = app
+                        .c
+                        .pt_pages
+                        .iter()
+                        .map(|(l, n)| format!("{l} {n}"))
+                        .collect();
+                    lines.push(Line::from(format!("probe pages: {}", v.join(", "))));
+                }
+            }
+            lines.push(Line::from(format!("model tables: n/a: {why}")));
+        }
     }
     lines.push(Line::from(match app.meminfo_pt_kb {
         Some(kb) => format!("meminfo PageTables {}", bytes(kb * 1024)),
         None => "meminfo PageTables n/a: no sample".into(),
     }));
-    match &app.model {
-        Ok(m) => {
-            lines.push(Line::from(format!("slots predicted {}", m.predicted_slots)));
-            lines.push(Line::from(format!("slots observed  {}", m.observed_slots)));
-        }
-        Err(why) => lines.push(Line::from(format!("slots predicted: n/a: {why}"))),
+    if app.model.is_ok() {
+        // A slot is counted the first time a placement touches it past the snapshot's areas;
+        // the kernel also keeps the tables of areas freed before the snapshot.
+        lines.push(Line::from(
+            "model, kernel: 2 MiB/1 GiB slots first touched; a table can predate its slot's use",
+        ));
     }
-    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), area);
+}
+
+/// The page probes' state and, while on, their cost as the kernel's run statistics give it.
+fn page_probe_lines(pp: &crate::tui::app::PageProbes) -> Vec<String> {
+    let mut lines = vec![if pp.on {
+        format!("page probes on ({}), t detaches", pp.rung)
+    } else {
+        "page probes off, t attaches".to_string()
+    }];
+    if pp.on {
+        lines.push(if pp.runs == 0 || pp.secs <= 0.0 {
+            "cost: no page allocation yet".into()
+        } else {
+            format!(
+                "cost {:.0} ns/event, {:.0}/s, {:.2} % of one CPU",
+                pp.run_ns as f64 / pp.runs as f64,
+                pp.runs as f64 / pp.secs,
+                pp.run_ns as f64 / (pp.secs * 1e7)
+            )
+        });
+    }
+    if let Some(e) = &pp.error {
+        lines.push(format!("last toggle failed: {e}"));
+    }
+    lines
 }
 
 /// Lock waits per vmap lock class (lock_waits probe).
@@ -523,7 +611,7 @@ pub fn footer(f: &mut Frame, area: Rect, app: &App) {
     };
     f.render_widget(
         Paragraph::new(format!(
-            "q quit  p pause  Tab/arrows focus ({})  {zoom}  +/- window  r reset  ? help",
+            "q quit  p pause  Tab/arrows focus ({})  {zoom}  +/- window  r reset  t page probes  ? help",
             app.focus.title()
         ))
         .style(Style::default().add_modifier(Modifier::DIM)),
@@ -534,7 +622,7 @@ pub fn footer(f: &mut Frame, area: Rect, app: &App) {
 /// The `?` overlay.
 pub fn help(f: &mut Frame, area: Rect) {
     let w = 60.min(area.width);
-    let h = 13.min(area.height);
+    let h = 14.min(area.height);
     let r = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
@@ -548,6 +636,7 @@ pub fn help(f: &mut Frame, area: Rect) {
         Line::from("Enter          zoom the focused panel (Esc to unzoom)"),
         Line::from("+ / -          double / halve the time window"),
         Line::from("r              reset counters, rates and histograms"),
+        Line::from("t              attach / detach the page probes (live)"),
         Line::from("?              this help (any key closes it)"),
         Line::from(""),
         Line::from("Rates are per second of trace time; see docs/tui.md."),

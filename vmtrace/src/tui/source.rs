@@ -6,16 +6,17 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::app::{top_callers, Batch, Event, Mode, SourceInfo};
+use super::app::{top_callers, Batch, Control, Event, Mode, PageProbes, SourceInfo};
 use super::model::ModelFeed;
 use crate::host::{meminfo, system, vmallocinfo};
 use crate::live::EventRings;
 use crate::probe::contention::Classifier;
+use crate::probe::loader::PAGE_PROBES;
 use crate::probe::LoadedProbes;
 use crate::record::Reorder;
 use crate::trace::{Meminfo, Record, TraceReader};
@@ -235,8 +236,9 @@ pub fn spawn_live(
     ring_bytes: u64,
     tx: Sender<Event>,
     stop: Arc<AtomicBool>,
-) -> Result<JoinHandle<()>, String> {
+) -> Result<(JoinHandle<()>, Sender<Control>), String> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
+    let (control_tx, control_rx) = std::sync::mpsc::channel::<Control>();
     let handle = std::thread::spawn(move || {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -248,10 +250,10 @@ pub fn spawn_live(
                 return;
             }
         };
-        rt.block_on(live(wanted, ring_bytes, tx, stop, ready_tx));
+        rt.block_on(live(wanted, ring_bytes, tx, stop, ready_tx, control_rx));
     });
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(handle),
+        Ok(Ok(())) => Ok((handle, control_tx)),
         Ok(Err(why)) => {
             let _ = handle.join();
             Err(why)
@@ -269,16 +271,22 @@ async fn live(
     tx: Sender<Event>,
     stop: Arc<AtomicBool>,
     ready: std::sync::mpsc::SyncSender<Result<(), String>>,
+    controls: Receiver<Control>,
 ) {
+    // The page probes are loaded whatever `--probes` says, so that `t` can attach them later,
+    // and detached at once unless asked for.
+    let pages_wanted = PAGE_PROBES.iter().any(|p| wanted.contains(p));
+    let mut loaded = wanted.clone();
+    loaded.extend(PAGE_PROBES);
     let setup = async {
         let facts =
             system::SystemFacts::read().map_err(|e| format!("reading kernel facts: {e}"))?;
         let mut probes =
-            LoadedProbes::load_and_attach(ring_bytes, &wanted).map_err(|e| e.to_string())?;
+            LoadedProbes::load_and_attach(ring_bytes, &loaded).map_err(|e| e.to_string())?;
         let rings = EventRings::take(&mut probes).map_err(|e| format!("{e:#}"))?;
         Ok::<_, String>((facts, probes, rings))
     };
-    let (facts, probes, mut rings) = match setup.await {
+    let (facts, mut probes, mut rings) = match setup.await {
         Ok(v) => v,
         Err(why) => {
             let _ = ready.send(Err(why));
@@ -286,6 +294,23 @@ async fn live(
         }
     };
     let _ = ready.send(Ok(()));
+    let page_rung = probes
+        .infos
+        .iter()
+        .find(|p| p.logical.as_deref() == Some("page_tables"))
+        .map_or_else(|| "off".to_string(), |p| p.rung.clone());
+    let mut pages = PageProbes {
+        on: false,
+        rung: page_rung,
+        error: None,
+        runs: 0,
+        run_ns: 0,
+        secs: 0.0,
+    };
+    let mut pages_since = Instant::now();
+    let toggled = probes.set_page_probes(pages_wanted);
+    pages.on = probes.page_probes_on();
+    pages.error = toggled.err();
     let (nodes, zone) = system::vmap_nodes(facts.possible_cpus, facts.page_size);
     let info = SourceInfo {
         mode: Mode::Live,
@@ -298,7 +323,9 @@ async fn live(
         probes: probes.infos.clone(),
         banner: None,
     };
-    if tx.send(Event::Start(Box::new(info))).is_err() {
+    if tx.send(Event::Start(Box::new(info))).is_err()
+        || tx.send(Event::PageProbes(pages.clone())).is_err()
+    {
         return;
     }
     // The model takes the VMALLOC range from a calibration allocation of our own, made right
@@ -347,6 +374,15 @@ async fn live(
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
+                for Control::PageProbes(on) in controls.try_iter() {
+                    pages.error = probes.set_page_probes(on).err();
+                    if probes.page_probes_on() != pages.on {
+                        pages.on = probes.page_probes_on();
+                        pages_since = Instant::now();
+                        (pages.runs, pages.run_ns, pages.secs) = (0, 0, 0.0);
+                    }
+                    let _ = tx.send(Event::PageProbes(pages.clone()));
+                }
                 drain(&mut rings, &probes, &mut reorder, &mut classifier, &mut stacks);
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
                 let mut records = Vec::new();
@@ -367,6 +403,11 @@ async fn live(
                 }
                 if let Ok(lost) = probes.lost() {
                     lost_total = lost.iter().flatten().sum();
+                }
+                if let Some((runs, ns)) = probes.page_probe_cost() {
+                    (pages.runs, pages.run_ns) = (runs, ns);
+                    pages.secs = pages_since.elapsed().as_secs_f64();
+                    let _ = tx.send(Event::PageProbes(pages.clone()));
                 }
                 if feed.is_behind() {
                     // Records were dropped: the model starts again from a fresh snapshot (the

@@ -168,8 +168,16 @@ fn fixed_app() -> App {
         pooled_objects: 12,
         predicted_high_water: "0xffffc90000100000".into(),
         observed_high_water: "0xffffc90000100000".into(),
-        predicted_slots: "pte 3 pmd 1 pud 1".into(),
-        observed_slots: "pte 3 pmd 1 pud 1".into(),
+        predicted_slots: crate::model::SlotCounts {
+            pte_tables: 3,
+            pmd_tables: 1,
+            pud_tables: 1,
+        },
+        observed_slots: crate::model::SlotCounts {
+            pte_tables: 3,
+            pmd_tables: 1,
+            pud_tables: 1,
+        },
         recent: vec!["line 9 alloc kernel-lower-than-model cpu 1: kernel 0xffffc90000010000 model 0xffffc90000020000".into()],
     }))));
     app
@@ -351,6 +359,73 @@ fn unavailable_views_say_why() {
     assert!(panel_text(&app, Panel::PageTables, 60, 6).contains("n/a: page_tables probe"));
     assert!(panel_text(&app, Panel::Model, 60, 4).contains("n/a: waiting for the start snapshot"));
     assert!(panel_text(&app, Panel::Callers, 60, 4).contains("n/a: waiting for"));
+}
+
+#[test]
+fn t_toggles_the_live_page_probes_and_the_panel_shows_their_cost() {
+    // A replay has no probes to toggle: `t` asks nothing.
+    let mut app = fixed_app();
+    app.key(Key::Char('t'));
+    assert!(app.controls.is_empty());
+
+    let off = PageProbes {
+        on: false,
+        rung: "tracepoint".into(),
+        error: None,
+        runs: 0,
+        run_ns: 0,
+        secs: 0.0,
+    };
+    app.handle(Event::PageProbes(off.clone()));
+    assert_eq!(
+        app.info.as_ref().unwrap().probe_attached("page_tables"),
+        Err(format!("page_tables probe {PAGE_PROBES_OFF}"))
+    );
+    assert!(panel_text(&app, Panel::PageTables, 70, 8).contains("page probes off, t attaches"));
+    app.key(Key::Char('t'));
+    assert_eq!(app.controls, [Control::PageProbes(true)]);
+    app.controls.clear();
+
+    // Attached: the probe's pages count from here, beside the model's tables from here.
+    app.c.pt_pages.insert("pte", 9);
+    let on = PageProbes {
+        on: true,
+        runs: 20_000,
+        run_ns: 4_000_000,
+        secs: 2.0,
+        ..off
+    };
+    app.handle(Event::PageProbes(on));
+    assert!(app.c.pt_pages.is_empty());
+    assert!(app
+        .info
+        .as_ref()
+        .unwrap()
+        .probe_attached("page_tables")
+        .is_ok());
+    app.handle(Event::Data(Batch {
+        records: vec![Record::PtPage(PtPage {
+            ctx: ctx(4 * SEC),
+            level: PtLevel::Pte,
+            pfn: 2,
+            order: 0,
+        })],
+        now_ns: 4 * SEC + 10,
+        lost_total: 2,
+    }));
+    let text = panel_text(&app, Panel::PageTables, 70, 8);
+    assert!(
+        text.contains("cost 200 ns/event, 10000/s, 0.20 % of one CPU"),
+        "{text}"
+    );
+    let pte = text
+        .lines()
+        .find(|l| l.contains("pte table pages"))
+        .unwrap();
+    let cells: Vec<&str> = pte.trim_matches('│').split_whitespace().collect();
+    assert_eq!(cells[3..], ["1", "0", "0"], "{text}");
+    app.key(Key::Char('t'));
+    assert_eq!(app.controls, [Control::PageProbes(false)]);
 }
 
 macro_rules! panel_snapshot {
