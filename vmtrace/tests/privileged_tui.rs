@@ -209,6 +209,19 @@ fn top_live_while_stress_runs() {
     let _ = stress.kill();
     let _ = stress.wait();
     assert_moved(a, b);
+    // The size panel shows the stress's own size (16 pages and the guard page) with the bulk
+    // of the allocations, whatever its height: as the 17-32 row, or the merged tail from 17 on
+    // when rows run out (top's own larger areas fill the buckets above).
+    let row = regex::Regex::new(r"17(?:-32|\+)\s+(\d+)").unwrap();
+    let bulk: u64 = row
+        .captures(&second)
+        .map(|c| c[1].parse().unwrap())
+        .expect("no 17-32 or 17+ row in the size panel");
+    assert!(
+        bulk * 2 > b[0].1,
+        "17 pages and up: {bulk} of {} allocations",
+        b[0].1
+    );
     // The model replays the live stream from the start snapshot: its figures are numbers that
     // move with the stream (docs/tui.md gives what they were under this stress).
     assert_model_moved(&first, &second);
