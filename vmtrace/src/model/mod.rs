@@ -933,6 +933,19 @@ impl Model {
         self.purge_late_before(cutoff)
     }
 
+    /// Purges the one lazy area at `addr` as `purge_vmap_node` would (to its node's pool, or
+    /// the free tree): replay's join of an area to a purge that has already ended in the model,
+    /// when the kernel's batch held it. None, with nothing done, if `addr` is not lazy.
+    pub fn purge_late_area(&mut self, addr: u64) -> Option<PurgedArea> {
+        let page = self.params.page_size;
+        let (node, area) = self.lazy.find(addr)?;
+        self.lazy.remove(node, addr, page)?;
+        if !self.try_pool(node, addr, area, false) {
+            let _ = self.free.release(addr, area.size);
+        }
+        Some(PurgedArea { addr, node, area })
+    }
+
     fn purge_late_before(&mut self, cutoff: u64) -> Purged {
         let nodes = self.lazy.nodes();
         let mut p = PurgeInProgress {

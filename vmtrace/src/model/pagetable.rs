@@ -36,7 +36,7 @@ impl SlotCounts {
 /// time on a snapshot with large areas: 72 BPF arenas of 4 GiB (0.28 TiB, 144k PTE slots) made
 /// seeding 90 % of a 47 ms replay of 120 events.
 #[derive(Clone, Copy, Debug, Default)]
-struct SlotHasher(u64);
+pub(crate) struct SlotHasher(u64);
 
 impl Hasher for SlotHasher {
     fn finish(&self) -> u64 {
@@ -55,6 +55,10 @@ impl Hasher for SlotHasher {
 }
 
 type SlotSet = HashSet<u64, BuildHasherDefault<SlotHasher>>;
+
+/// A set of addresses, with the same multiplicative hash as the slots: the keys are the
+/// model's own addresses, never chosen by an adversary.
+pub(crate) type AddrSet = SlotSet;
 
 #[derive(Clone, Debug, Default)]
 pub struct PageTableSlots {

@@ -3,6 +3,8 @@
 
 use std::collections::VecDeque;
 
+use super::pagetable::AddrSet;
+
 /// `MAX_VA_SIZE_PAGES`: pools hold areas of 1 to 256 pages, guard included.
 pub const MAX_VA_SIZE_PAGES: u64 = 256;
 
@@ -31,6 +33,10 @@ pub fn pool_index(size: u64, page_size: u64) -> Option<usize> {
 pub struct Pools {
     /// `node * 256 + index` -> area starts, head first. Each pool's areas all have the pool's size.
     lists: Vec<VecDeque<u64>>,
+    /// Every pooled start: replay's resynchronisation asks whether an area is pooled for each
+    /// candidate of a swap, and a scan of lists thousands long per candidate made one replay
+    /// of a diverged test_vmalloc recording run for an hour.
+    members: AddrSet,
     page_size: u64,
     objects: u64,
 }
@@ -39,6 +45,7 @@ impl Pools {
     pub fn new(nodes: u32, page_size: u64) -> Self {
         Self {
             lists: vec![VecDeque::new(); nodes as usize * MAX_VA_SIZE_PAGES as usize],
+            members: AddrSet::default(),
             page_size,
             objects: 0,
         }
@@ -54,6 +61,11 @@ impl Pools {
     /// Total pooled objects over every node (what the shrinker counts).
     pub fn objects(&self) -> u64 {
         self.objects
+    }
+
+    /// Whether `addr` heads an area in any pool.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.members.contains(&addr)
     }
 
     /// `vp->len` of `node`'s pool for `size`.
@@ -85,6 +97,7 @@ impl Pools {
         };
         if align <= 1 || head % align == 0 {
             list.pop_front();
+            self.members.remove(&head);
             self.objects -= 1;
             PoolLookup::Hit(head)
         } else {
@@ -98,6 +111,8 @@ impl Pools {
         match self.slot(node, size) {
             Some(i) => {
                 self.lists[i].push_front(addr);
+                let fresh = self.members.insert(addr);
+                debug_assert!(fresh, "{addr:#x} pooled twice");
                 self.objects += 1;
                 true
             }
@@ -107,6 +122,9 @@ impl Pools {
 
     /// Removes `addr` wherever it is pooled (replay resynchronisation); returns its node.
     pub fn remove(&mut self, addr: u64, size: u64, prefer_node: u32) -> Option<u32> {
+        if !self.members.contains(&addr) {
+            return None;
+        }
         let idx = pool_index(size, self.page_size)?;
         let nodes = (self.lists.len() / MAX_VA_SIZE_PAGES as usize) as u32;
         let order = std::iter::once(prefer_node).chain((0..nodes).filter(|&n| n != prefer_node));
@@ -117,6 +135,7 @@ impl Pools {
             };
             if let Some(pos) = list.iter().position(|&a| a == addr) {
                 list.remove(pos);
+                self.members.remove(&addr);
                 self.objects -= 1;
                 return Some(node);
             }
@@ -127,12 +146,17 @@ impl Pools {
     /// Puts `new` where `old` is in a pool of `size` (any node), keeping the list's order.
     /// Returns the node, or `None` when `old` is in no such pool.
     pub fn replace(&mut self, old: u64, new: u64, size: u64) -> Option<u32> {
+        if !self.members.contains(&old) {
+            return None;
+        }
         let idx = pool_index(size, self.page_size)?;
         let nodes = (self.lists.len() / MAX_VA_SIZE_PAGES as usize) as u32;
         for node in 0..nodes {
             let i = node as usize * MAX_VA_SIZE_PAGES as usize + idx;
             if let Some(slot) = self.lists[i].iter_mut().find(|a| **a == old) {
                 *slot = new;
+                self.members.remove(&old);
+                self.members.insert(new);
                 return Some(node);
             }
         }
@@ -161,7 +185,10 @@ impl Pools {
             non_empty += 1;
             let n = decay_count(list.len(), full, rule);
             let size = (idx as u64 + 1) * self.page_size;
-            out.extend(list.drain(..n).map(|a| (a, size)));
+            for a in list.drain(..n) {
+                self.members.remove(&a);
+                out.push((a, size));
+            }
             self.objects -= n as u64;
         }
         non_empty
