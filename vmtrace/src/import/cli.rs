@@ -114,6 +114,7 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
             "lines": summary.lines,
             "events": summary.events,
             "other_events": summary.other_events,
+            "repeated_lines": summary.repeated_lines,
             "cpus": summary.cpus,
             "inferred": summary.inferred,
         });

@@ -246,6 +246,49 @@ fn bad_input_gets_its_line_number() {
     }
 }
 
+/// `perf script` printed one sample twice (identical to the nanosecond) in a recording beside
+/// vmtrace's own: the repeat is dropped and counted, and the import is the one of the text
+/// without it. The same line one microsecond later is another event, and is kept.
+#[test]
+fn a_line_printed_twice_is_imported_once() {
+    let lines: Vec<&str> = PERF.lines().collect();
+    let i = lines
+        .iter()
+        .position(|l| l.contains("alloc_vmap_area:"))
+        .expect("an allocation");
+    let with = |repeat: &str| {
+        let mut v: Vec<&str> = lines.clone();
+        v.insert(i + 1, repeat);
+        v.join("\n") + "\n"
+    };
+    let (plain, plain_records) = run(PERF, &ImportOptions::default()).unwrap();
+    let (s, records) = run(&with(lines[i]), &ImportOptions::default()).unwrap();
+    assert_eq!(s.repeated_lines, 1);
+    assert_eq!(s.events, plain.events);
+    // The same records after the header, whose notes say what was dropped.
+    assert!(records[1..] == plain_records[1..], "the records differ");
+    assert!(s
+        .inferred
+        .iter()
+        .any(|n| n.contains("1 event line(s) identical")));
+    // Not a repeat: a microsecond apart (and so out of the fixture's time order only if the
+    // next line is within that microsecond, which the fixture's first lines are not).
+    let (ts, _) = lines[i].split_once(": ").expect("time");
+    let later = lines[i].replacen(ts, &bump_last_digit(ts), 1);
+    let (s, _) = run(&with(&later), &ImportOptions::default()).unwrap();
+    assert_eq!(s.repeated_lines, 0);
+    assert_eq!(s.events.alloc, plain.events.alloc + 1);
+}
+
+/// `ts` (the line up to its time) with the time's last digit one higher, carrying.
+fn bump_last_digit(ts: &str) -> String {
+    let (head, num) = ts.rsplit_once(' ').expect("a time column");
+    let (secs, frac) = num.split_once('.').expect("fractional time");
+    let width = frac.len();
+    let v: u64 = frac.parse::<u64>().expect("digits") + 1;
+    format!("{head} {secs}.{v:0width$}")
+}
+
 #[test]
 fn events_of_other_tracepoints_are_counted_and_skipped() {
     let mut text = String::new();
