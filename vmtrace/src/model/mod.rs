@@ -440,6 +440,11 @@ impl Model {
     pub fn pools(&self) -> &Pools {
         &self.pools
     }
+    /// Indexes the pooled areas from here on, or stops ([`Pools::index_members`]): on for
+    /// observed-timing replay, whose resynchronisation looks areas up in the pools.
+    pub fn index_pools(&mut self, on: bool) {
+        self.pools.index_members(on);
+    }
     pub fn slots(&self) -> &PageTableSlots {
         &self.slots
     }

@@ -33,10 +33,12 @@ pub fn pool_index(size: u64, page_size: u64) -> Option<usize> {
 pub struct Pools {
     /// `node * 256 + index` -> area starts, head first. Each pool's areas all have the pool's size.
     lists: Vec<VecDeque<u64>>,
-    /// Every pooled start: replay's resynchronisation asks whether an area is pooled for each
-    /// candidate of a swap, and a scan of lists thousands long per candidate made one replay
-    /// of a diverged test_vmalloc recording run for an hour.
-    members: AddrSet,
+    /// Every pooled start, once [`Pools::index_members`] turned it on: observed-timing replay's
+    /// resynchronisation asks whether an area is pooled for each candidate of a swap, and a
+    /// scan of lists thousands long per candidate took a test_vmalloc recording's replay from
+    /// 25-34 s to 78-80 s. Free-running replay and the what-if never ask, and keep the hash
+    /// off their per-event path (a fifth of the model core's time on a fix-size trace).
+    members: Option<AddrSet>,
     page_size: u64,
     objects: u64,
 }
@@ -45,7 +47,7 @@ impl Pools {
     pub fn new(nodes: u32, page_size: u64) -> Self {
         Self {
             lists: vec![VecDeque::new(); nodes as usize * MAX_VA_SIZE_PAGES as usize],
-            members: AddrSet::default(),
+            members: None,
             page_size,
             objects: 0,
         }
@@ -63,9 +65,19 @@ impl Pools {
         self.objects
     }
 
-    /// Whether `addr` heads an area in any pool.
-    pub fn contains(&self, addr: u64) -> bool {
-        self.members.contains(&addr)
+    /// Keeps an index of the pooled starts from here on (`on`), so that [`Pools::remove`] and
+    /// [`Pools::replace`] answer "not pooled" without scanning, or drops it.
+    pub fn index_members(&mut self, on: bool) {
+        match (on, self.members.is_some()) {
+            (true, false) => self.members = Some(self.lists.iter().flatten().copied().collect()),
+            (false, true) => self.members = None,
+            _ => {}
+        }
+    }
+
+    /// False when the index says `addr` is in no pool; true without an index.
+    fn may_hold(&self, addr: u64) -> bool {
+        self.members.as_ref().is_none_or(|m| m.contains(&addr))
     }
 
     /// `vp->len` of `node`'s pool for `size`.
@@ -97,7 +109,9 @@ impl Pools {
         };
         if align <= 1 || head % align == 0 {
             list.pop_front();
-            self.members.remove(&head);
+            if let Some(m) = self.members.as_mut() {
+                m.remove(&head);
+            }
             self.objects -= 1;
             PoolLookup::Hit(head)
         } else {
@@ -111,8 +125,10 @@ impl Pools {
         match self.slot(node, size) {
             Some(i) => {
                 self.lists[i].push_front(addr);
-                let fresh = self.members.insert(addr);
-                debug_assert!(fresh, "{addr:#x} pooled twice");
+                if let Some(m) = self.members.as_mut() {
+                    let fresh = m.insert(addr);
+                    debug_assert!(fresh, "{addr:#x} pooled twice");
+                }
                 self.objects += 1;
                 true
             }
@@ -122,7 +138,7 @@ impl Pools {
 
     /// Removes `addr` wherever it is pooled (replay resynchronisation); returns its node.
     pub fn remove(&mut self, addr: u64, size: u64, prefer_node: u32) -> Option<u32> {
-        if !self.members.contains(&addr) {
+        if !self.may_hold(addr) {
             return None;
         }
         let idx = pool_index(size, self.page_size)?;
@@ -135,7 +151,9 @@ impl Pools {
             };
             if let Some(pos) = list.iter().position(|&a| a == addr) {
                 list.remove(pos);
-                self.members.remove(&addr);
+                if let Some(m) = self.members.as_mut() {
+                    m.remove(&addr);
+                }
                 self.objects -= 1;
                 return Some(node);
             }
@@ -146,7 +164,7 @@ impl Pools {
     /// Puts `new` where `old` is in a pool of `size` (any node), keeping the list's order.
     /// Returns the node, or `None` when `old` is in no such pool.
     pub fn replace(&mut self, old: u64, new: u64, size: u64) -> Option<u32> {
-        if !self.members.contains(&old) {
+        if !self.may_hold(old) {
             return None;
         }
         let idx = pool_index(size, self.page_size)?;
@@ -155,8 +173,10 @@ impl Pools {
             let i = node as usize * MAX_VA_SIZE_PAGES as usize + idx;
             if let Some(slot) = self.lists[i].iter_mut().find(|a| **a == old) {
                 *slot = new;
-                self.members.remove(&old);
-                self.members.insert(new);
+                if let Some(m) = self.members.as_mut() {
+                    m.remove(&old);
+                    m.insert(new);
+                }
                 return Some(node);
             }
         }
@@ -186,7 +206,9 @@ impl Pools {
             let n = decay_count(list.len(), full, rule);
             let size = (idx as u64 + 1) * self.page_size;
             for a in list.drain(..n) {
-                self.members.remove(&a);
+                if let Some(m) = self.members.as_mut() {
+                    m.remove(&a);
+                }
                 out.push((a, size));
             }
             self.objects -= n as u64;

@@ -325,6 +325,8 @@ impl FreeRunner {
             }
         }
         let mut model = seeder.model;
+        // Free-running replay never resynchronises with the trace: no pool lookups to index.
+        model.index_pools(false);
         model.log_locks();
         let run = Run {
             prev,

@@ -801,7 +801,8 @@ struct Replayer<'o> {
 }
 
 impl<'o> Replayer<'o> {
-    fn new(model: Model, opts: &'o ReplayOptions) -> Self {
+    fn new(mut model: Model, opts: &'o ReplayOptions) -> Self {
+        model.index_pools(true);
         let nodes = model.params().layout.nr_nodes() as usize;
         Self {
             model,
