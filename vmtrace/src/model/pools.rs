@@ -298,6 +298,78 @@ mod tests {
         assert_eq!(decay_count(8, false, old), 2);
     }
 
+    /// The member index changes no answer: the same operations on pools with and without it
+    /// (turned on midway, with entries already pooled) give the same results and the same
+    /// lists, and the index holds exactly the pooled starts afterwards.
+    #[test]
+    fn the_member_index_changes_no_answer() {
+        let (mut plain, mut indexed) = (Pools::new(2, 4096), Pools::new(2, 4096));
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        // Eight distinct starts per size class, so that every address is pooled at most once.
+        let mut free: Vec<(u64, u64)> = (0..3u64)
+            .flat_map(|k| {
+                (0..8u64).map(move |i| (0x10_0000 * (k + 1) + i * 0x1_0000, (k + 1) * 4096))
+            })
+            .collect();
+        for step in 0..4000 {
+            if step == 500 {
+                indexed.index_members(true);
+            }
+            let size = (next(3) + 1) * 4096;
+            let node = next(2) as u32;
+            match next(5) {
+                0 | 1 => {
+                    if let Some(i) = free.iter().position(|&(_, z)| z == size) {
+                        let (a, z) = free.swap_remove(i);
+                        assert_eq!(plain.push_head(node, a, z), indexed.push_head(node, a, z));
+                    }
+                }
+                2 => {
+                    let (p, q) = (
+                        plain.take_head(node, size, 1),
+                        indexed.take_head(node, size, 1),
+                    );
+                    assert_eq!(p, q);
+                    if let PoolLookup::Hit(a) = p {
+                        free.push((a, size));
+                    }
+                }
+                3 => {
+                    let a = 0x10_0000 * (size / 4096) + next(8) * 0x1_0000;
+                    let (p, q) = (plain.remove(a, size, node), indexed.remove(a, size, node));
+                    assert_eq!(p, q, "remove {a:#x} at step {step}");
+                    if p.is_some() {
+                        free.push((a, size));
+                    }
+                }
+                _ => {
+                    let (mut p, mut q) = (Vec::new(), Vec::new());
+                    let rule = DecayRule::QuarterEmptyingShort;
+                    assert_eq!(
+                        plain.decay(node, false, rule, &mut p),
+                        indexed.decay(node, false, rule, &mut q)
+                    );
+                    assert_eq!(p, q);
+                    free.extend(p);
+                }
+            }
+        }
+        let pooled: Vec<_> = plain.iter().collect();
+        assert_eq!(pooled, indexed.iter().collect::<Vec<_>>());
+        assert!(!pooled.is_empty());
+        let mut index: Vec<u64> = indexed.members.clone().expect("on").into_iter().collect();
+        let mut starts: Vec<u64> = pooled.iter().map(|&(_, a, _)| a).collect();
+        index.sort_unstable();
+        starts.sort_unstable();
+        assert_eq!(index, starts);
+    }
+
     #[test]
     fn the_decay_rule_follows_the_release() {
         assert_eq!(
