@@ -11,6 +11,10 @@
 
 mod common;
 
+/// The `vmtrace` binary's allocator (main.rs), so that the rates are the command's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::AtomicU64;
 
 use common::thread_cpu_seconds;

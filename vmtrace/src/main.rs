@@ -3,6 +3,12 @@
 use clap::Parser as _;
 use vmtrace::cli::{Cli, Command};
 
+/// glibc's malloc raises its mmap threshold after each large free, so the what-if's large,
+/// short-lived buffers (operation queues, purge steps) end up in its arenas and fragment them:
+/// a what-if's RSS grew 1.7× per tenfold loops while its live heap grew 1.2×.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);

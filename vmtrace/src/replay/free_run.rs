@@ -251,6 +251,28 @@ impl PoolBound {
     }
 }
 
+/// `times` sections of `ns` on `lock`, as few steps as the simulation needs for them.
+fn push_sections(steps: &mut Vec<Step>, lock: LockRef, ns: u64, times: u64) {
+    let Ok(ns32) = u32::try_from(ns) else {
+        steps.extend((0..times).map(|_| Step::Section { lock, ns }));
+        return;
+    };
+    let mut left = times;
+    while left > 0 {
+        let n = u32::try_from(left).unwrap_or(u32::MAX);
+        steps.push(if n == 1 {
+            Step::Section { lock, ns }
+        } else {
+            Step::Sections {
+                lock,
+                ns: ns32,
+                times: n,
+            }
+        });
+        left -= u64::from(n);
+    }
+}
+
 /// Replays `input` free-running with `opts.variant`.
 pub fn free_run<R: BufRead>(
     input: R,
@@ -349,13 +371,13 @@ impl FreeRunner {
             follow_up: fr.follow_up.clone(),
             purge_span: fr.purge_span.clone(),
             seeded_drained,
-            bound: {
+            bound: seeded_drained.then(|| {
                 let mut b = PoolBound::default();
                 for area in &snapshot.areas {
                     b.seed(area.start.0, area.size);
                 }
                 b
-            },
+            }),
             inflight: None,
             last_purge_end: 0,
             last_free_at: BTreeMap::new(),
@@ -417,11 +439,13 @@ impl FreeRunner {
                         && a.vend.0 == vend
                         && layout.nr_nodes() > 1
                         && crate::model::pools::pool_index(a.size, page_size).is_some();
-                    run.bound.observe(
-                        a.addr.0,
-                        a.size,
-                        pooled.then(|| layout.cpu_to_node(a.ctx.cpu)),
-                    );
+                    if let Some(b) = run.bound.as_mut() {
+                        b.observe(
+                            a.addr.0,
+                            a.size,
+                            pooled.then(|| layout.cpu_to_node(a.ctx.cpu)),
+                        );
+                    }
                     run.alloc(&a)?;
                 }
                 run.des.advance(a.ctx.ts_ns);
@@ -643,7 +667,9 @@ struct Run {
     purge_span: Option<DrainLatency>,
     /// The snapshot said the pools were emptied before it.
     seeded_drained: bool,
-    bound: PoolBound,
+    /// Only where it can be reported, with drained pools: it keeps every address ever
+    /// allocated, a what-if's largest growing structure otherwise.
+    bound: Option<PoolBound>,
     /// The drain work's purge between its detach and its end, and when it ends.
     inflight: Option<(Inflight, u64)>,
     /// When the last purge ended: `vmap_purge_lock` holds the next one back until then.
@@ -1156,12 +1182,7 @@ impl Run {
         steps.push(Step::Acquire(self.locks.purge));
         for n in 0..lazy_nodes.max(pool_nodes) {
             if let Some(&lock) = self.locks.pool.get(n) {
-                for _ in 0..2 * nonempty[n] {
-                    steps.push(Step::Section {
-                        lock,
-                        ns: c.pool_lock_ns,
-                    });
-                }
+                push_sections(steps, lock, c.pool_lock_ns, 2 * nonempty[n]);
                 if decayed[n] > 0 {
                     steps.push(Step::Section {
                         lock: self.locks.free_area,
@@ -1196,12 +1217,7 @@ impl Run {
                 node_steps.push(Step::Work(c.purge_per_object_ns * objects));
                 let pooled_here = pooled.get(n).copied().unwrap_or(0).min(objects);
                 if let Some(&lock) = self.locks.pool.get(n) {
-                    for _ in 0..pooled_here {
-                        node_steps.push(Step::Section {
-                            lock,
-                            ns: c.pool_lock_ns,
-                        });
-                    }
+                    push_sections(&mut node_steps, lock, c.pool_lock_ns, pooled_here);
                 }
                 let returned = objects - pooled_here;
                 if returned > 0 {
@@ -1330,8 +1346,11 @@ impl Run {
                 high_water_bytes: self.view.high_water,
                 nr_lazy_mean: observed_lazy,
                 pools_drained: self.seeded_drained,
-                pool_hit_share_max: (self.seeded_drained && self.bound.seen > 0)
-                    .then(|| self.bound.possible as f64 / self.bound.seen as f64),
+                pool_hit_share_max: self
+                    .bound
+                    .as_ref()
+                    .filter(|b| b.seen > 0)
+                    .map(|b| b.possible as f64 / b.seen as f64),
             },
             validation: Vec::new(),
         }
