@@ -103,6 +103,38 @@ pub mod ptpage {
 /// x86_64); larger orders land in the last slot.
 pub const MAX_ORDER_SLOTS: u32 = 12;
 
+/// The lock-hold histogram (`HOLD_HIST`): per lock class (the code user space gives a known
+/// lock in `KNOWN_LOCKS`, its index in `LockClass::ALL`), [`HOLD_BUCKETS`] exp2 buckets
+/// (bucket `k` counts holds in `[2^(k-1), 2^k)` ns, bucket 0 holds of 0 ns; the last also
+/// counts longer ones), then the sum of the holds in ns.
+pub const HOLD_CLASSES: u32 = 8;
+pub const HOLD_BUCKETS: u32 = 32;
+pub const HOLD_STRIDE: u32 = HOLD_BUCKETS + 1;
+
+/// The [`HOLD_BUCKETS`] bucket of a hold of `ns`: the bits it needs, so bucket `k` holds
+/// `[2^(k-1), 2^k)`; a binary search, as the BPF target has no count-leading-zeros.
+#[inline(always)]
+pub fn hold_bucket(ns: u64) -> u32 {
+    let mut v = ns;
+    let mut k = 0u32;
+    let mut step = 32u32;
+    while step > 0 {
+        if v >> step != 0 {
+            v >>= step;
+            k += step;
+        }
+        step /= 2;
+    }
+    if v != 0 {
+        k += 1;
+    }
+    if k >= HOLD_BUCKETS {
+        HOLD_BUCKETS - 1
+    } else {
+        k
+    }
+}
+
 /// Kernel stack depth the filters inspect. Lock and page-allocator frames come first, so the
 /// vmap function is within the first dozen frames (the recorded stacks put it at depth 3 to 8);
 /// the unwinder stops at this depth, and its cost grows with it. A raw tracepoint's stack starts
@@ -182,6 +214,9 @@ pub mod counter {
     /// Contentions kept without a stack walk, because user space had marked the lock's
     /// address as a vmap lock (`KNOWN_LOCKS`).
     pub const CONTENTION_KNOWN: u32 = 6;
+    /// Known-lock takes not timed by the hold probe because this CPU already held another
+    /// known lock it was timing (the vmap locks do not nest, so this stays 0 unless they do).
+    pub const HOLD_NESTED: u32 = 7;
     pub const COUNT: u32 = 8;
 }
 
@@ -272,6 +307,9 @@ pub mod names {
     pub const COUNTERS: &str = "COUNTERS";
     pub const STACKS: &str = "STACKS";
     pub const BACKING_ORDERS: &str = "BACKING_ORDERS";
+    pub const HOLD_HIST: &str = "HOLD_HIST";
+    pub const PROG_FEXIT_SPIN_LOCK: &str = "fexit_raw_spin_lock";
+    pub const PROG_FENTRY_SPIN_UNLOCK: &str = "fentry_raw_spin_unlock";
     pub const LOCK_BEGIN_LAYOUT: &str = "LOCK_BEGIN_LAYOUT";
     pub const LOCK_END_LAYOUT: &str = "LOCK_END_LAYOUT";
     pub const WQ_START_LAYOUT: &str = "WQ_START_LAYOUT";
@@ -363,3 +401,25 @@ const _: () = assert!(core::mem::size_of::<TpLayout>() == 4 * MAX_FIELDS);
 const _: () = assert!(core::mem::size_of::<Event>() == 8 + 4 * 4 + COMM_LEN + 8 * MAX_FIELDS);
 const _: () = assert!(core::mem::size_of::<RangeSet>() == 24 + 16 * MAX_RANGES);
 const _: () = assert!(core::mem::size_of::<PageFilter>() == 32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_buckets_are_the_bits_a_hold_needs() {
+        assert_eq!(hold_bucket(0), 0);
+        assert_eq!(hold_bucket(1), 1);
+        assert_eq!(hold_bucket(2), 2);
+        assert_eq!(hold_bucket(3), 2);
+        assert_eq!(hold_bucket(4), 3);
+        assert_eq!(hold_bucket(1023), 10);
+        assert_eq!(hold_bucket(1024), 11);
+        for ns in [5u64, 77, 1000, 123_456, 1 << 29] {
+            let k = hold_bucket(ns);
+            assert!(1u64 << (k - 1) <= ns && ns < 1u64 << k, "{ns} in {k}");
+        }
+        assert_eq!(hold_bucket(u64::MAX), HOLD_BUCKETS - 1);
+        assert_eq!(hold_bucket(1 << 40), HOLD_BUCKETS - 1);
+    }
+}

@@ -160,7 +160,7 @@ fn record_verdict(lock: u64, kept: bool) {
 /// recorded contention kept the operations that met apart for longer than they were. Entries
 /// for `3 × nodes + 2` locks at most; 4096 leaves room for any node count.
 #[map]
-static KNOWN_LOCKS: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
+pub(crate) static KNOWN_LOCKS: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Pending spinlock waits, one per CPU (`lock == 0`: none).
 #[map]
@@ -345,7 +345,7 @@ tracepoint_programs!(
 /// pending-slot hash multiplies the address. Reading the same context slot through
 /// `bpf_probe_read_kernel` yields an untyped scalar with the same value.
 #[inline(always)]
-fn btf_lock_arg<C: EbpfContext>(ctx: &C) -> u64 {
+pub(crate) fn btf_lock_arg<C: EbpfContext>(ctx: &C) -> u64 {
     // SAFETY: the first u64 slot of a tracing context is the first argument; the helper
     // checks the read and zeroes the result on failure.
     unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(ctx.as_ptr() as *const u64) }.unwrap_or(0)

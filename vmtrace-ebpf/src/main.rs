@@ -44,6 +44,7 @@ macro_rules! tracepoint_programs {
     };
 }
 
+mod hold;
 mod kmem;
 mod latency;
 mod lock;

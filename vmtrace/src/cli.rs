@@ -131,7 +131,12 @@ mod probe_selection_tests {
     fn all_none_and_lists() {
         assert_eq!(
             record(&["--probes", "all"]).wanted_probes().unwrap().len(),
-            5
+            6
+        );
+        // The hold probe times only the locks the wait probe classified: it brings it along.
+        assert_eq!(
+            record(&["--probes", "lock_holds"]).wanted_probes().unwrap(),
+            ["lock_holds", "lock_waits"]
         );
         assert!(record(&["--probes", "none"])
             .wanted_probes()

@@ -112,6 +112,11 @@ pub fn drain_at_most(
 ) -> (usize, u64) {
     let mut taken = 0;
     let mut undecodable = 0;
+    for &(lock, class) in probes.static_locks() {
+        if classifier.know(lock, class) {
+            probes.mark_known_lock(lock, class);
+        }
+    }
     while taken < max {
         let Some(item) = ring.next() else {
             break;
@@ -143,6 +148,15 @@ pub fn drain_at_most(
         // so every reader of the rings (record, serve, top) gets the name here.
         if let Record::Work(w) = &mut rec {
             w.function = function_name(probes, w.function_addr.0);
+            // A decay record's `work` is the node itself: its locks are known from now on,
+            // so the hold probe times them without waiting for classified waits.
+            if w.function == crate::probe::ladder::DECAY_FUNCTION {
+                for (lock, class) in probes.node_locks(w.work.0) {
+                    if classifier.know(lock, class) {
+                        probes.mark_known_lock(lock, class);
+                    }
+                }
+            }
         } else if let Record::WorkStart(w) = &mut rec {
             w.function = function_name(probes, w.function_addr.0);
         }

@@ -31,8 +31,8 @@ use crate::probe::contention::Classifier;
 use crate::probe::selection::{resolve_probes, DEFAULT_PROBES};
 use crate::probe::LoadedProbes;
 use crate::trace::{
-    self, ClassTotal, EventCounts, Footer, Header, KAddr, LadderCounts, LadderStats, LockClass,
-    Meminfo, Record, StopReason, Tool, TraceWriter, VmallocSnapshot, VmapFacts,
+    self, ClassHolds, ClassTotal, EventCounts, Footer, Header, KAddr, LadderCounts, LadderStats,
+    LockClass, Meminfo, Record, StopReason, Tool, TraceWriter, VmallocSnapshot, VmapFacts,
 };
 use crate::value_parsers::parse_duration;
 
@@ -78,10 +78,11 @@ pub struct RecordArgs {
     pub allocinfo_path: PathBuf,
 
     /// Optional probes to attach besides the three vmalloc tracepoints, comma-separated:
-    /// lock_waits, purge_work, page_tables, backing_pages, alloc_latency, `all` or `none`.
-    /// page_tables and backing_pages hook kmem:mm_page_alloc, which fires for every page the
-    /// kernel allocates, so they cost the most (see docs/probes.md); `vmtrace probes` shows
-    /// which rung each would use here.
+    /// lock_waits, purge_work, page_tables, backing_pages, alloc_latency, lock_holds, `all` or
+    /// `none`. page_tables and backing_pages hook kmem:mm_page_alloc, which fires for every page
+    /// the kernel allocates, and lock_holds (fentry kernels only; it brings lock_waits) every
+    /// spinlock take and release, so they cost the most (see docs/probes.md); `vmtrace probes`
+    /// shows which rung each would use here.
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_PROBES)]
     pub probes: Vec<String>,
 
@@ -532,6 +533,9 @@ pub struct ProbeCounters {
     pub work_unmatched_end: u64,
     /// Backing-page allocations by order.
     pub backing_page_orders: Vec<u64>,
+    /// The hold probe's `HOLD_HIST`, summed over CPUs (layout: `vmtrace_common::HOLD_STRIDE`).
+    pub hold_hist: Vec<u64>,
+    pub hold_nested: u64,
 }
 
 impl ProbeCounters {
@@ -547,6 +551,8 @@ impl ProbeCounters {
             page_stack_walks: probes.counter(counter::PAGE_STACK_WALKS),
             work_unmatched_end: probes.counter(counter::WORK_UNMATCHED_END),
             backing_page_orders: probes.backing_orders(),
+            hold_hist: probes.hold_hist(),
+            hold_nested: probes.counter(counter::HOLD_NESTED),
         })
     }
 
@@ -584,6 +590,8 @@ impl ProbeCounters {
                 .work_unmatched_end
                 .saturating_sub(base.work_unmatched_end),
             backing_page_orders: sub(&self.backing_page_orders, &base.backing_page_orders),
+            hold_hist: sub(&self.hold_hist, &base.hold_hist),
+            hold_nested: self.hold_nested.saturating_sub(base.hold_nested),
         }
     }
 }
@@ -637,6 +645,8 @@ pub fn footer(
         backing_page_orders: counters.backing_page_orders.clone(),
         purges_from_work,
         purges_matched,
+        lock_holds: class_holds(&counters.hold_hist),
+        hold_nested: counters.hold_nested,
     };
     Footer {
         end_boottime_ns: system::boottime_ns(),
@@ -654,6 +664,27 @@ pub fn footer(
         kernel_run_stats: None,
         ladder: Some(ladder),
     }
+}
+
+/// The hold histogram per class, classes with holds only.
+fn class_holds(hist: &[u64]) -> Vec<ClassHolds> {
+    use vmtrace_common::{HOLD_BUCKETS, HOLD_STRIDE};
+    let (stride, buckets) = (HOLD_STRIDE as usize, HOLD_BUCKETS as usize);
+    LockClass::ALL
+        .iter()
+        .enumerate()
+        .filter_map(|(code, &class)| {
+            let row = hist.get(code * stride..(code + 1) * stride)?;
+            let histogram = row[..buckets].to_vec();
+            let count: u64 = histogram.iter().sum();
+            (count > 0).then(|| ClassHolds {
+                class,
+                count,
+                hold_ns: row[buckets],
+                histogram,
+            })
+        })
+        .collect()
 }
 
 /// A `/proc/meminfo` sample as a trace record; `None` (logged) when the file cannot be read.

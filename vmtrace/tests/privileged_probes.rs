@@ -370,6 +370,19 @@ fn assert_expected_refusals(probes: &[ProbeInfo]) {
             assert_eq!(p.rung, "tracepoint", "{name}");
         }
     }
+    // The hold probe has fentry programs alone: refused here, it says why and what it needs.
+    let holds = ladder_entry(probes, "lock_holds");
+    assert_eq!(holds.rung, "none");
+    let fentry = holds.refused.iter().find(|r| r.rung == "fentry");
+    assert!(
+        fentry.is_some_and(|r| r.reason.contains("EPERM")),
+        "lock_holds: {:?}",
+        holds.refused
+    );
+    assert_eq!(
+        holds.note.as_deref(),
+        Some("n/a: lock holds need fentry (no tracepoint marks a lock's release)")
+    );
 }
 
 #[test]

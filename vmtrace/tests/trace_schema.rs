@@ -10,8 +10,8 @@ use vmtrace::allocinfo::{Counts, Tag, TagKey};
 use vmtrace::host::system::SystemFacts;
 use vmtrace::host::tracefs::Field;
 use vmtrace::trace::{
-    Alloc, AllocinfoSample, AreaKind, ClassTotal, Contention, Ctx, EventCounts, Footer, Free,
-    Header, KAddr, LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo,
+    Alloc, AllocinfoSample, AreaKind, ClassHolds, ClassTotal, Contention, Ctx, EventCounts, Footer,
+    Free, Header, KAddr, LadderCounts, LadderStats, Latency, LockClass, Meminfo, ProbeInfo,
     ProbeRunStats, PtLevel, PtPage, Purge, ReadError, Record, RungRefusal, StopReason, Synthetic,
     Tool, TraceReader, TraceWriter, VmallocArea, VmallocSnapshot, VmapFacts, Work, WorkStart,
     FORMAT, VERSION,
@@ -286,6 +286,13 @@ fn ladder_stats() -> LadderStats {
         backing_page_orders: vec![4000, 0, 2],
         purges_from_work: 1,
         purges_matched: 1,
+        lock_holds: vec![ClassHolds {
+            class: LockClass::NodeBusyLock,
+            count: 3,
+            hold_ns: 2_100,
+            histogram: vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2],
+        }],
+        hold_nested: 1,
     }
 }
 
@@ -679,6 +686,8 @@ fn only_skipped_fields_are_optional() {
             "#/$defs/footer.ladder",
             "#/$defs/header.imported",
             "#/$defs/header.synthetic",
+            "#/$defs/ladder_stats.hold_nested",
+            "#/$defs/ladder_stats.lock_holds",
             "#/$defs/probe.attach",
             "#/$defs/probe.attach_fallback",
             "#/$defs/probe.logical",

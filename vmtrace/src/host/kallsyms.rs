@@ -5,7 +5,8 @@
 //! detected and refused rather than producing filters that never match. A function's end is the
 //! next symbol's start: kallsyms gives no sizes, and text symbols tile the text section.
 //! `CONFIG_KALLSYMS_ALL` is off on the reference kernel, so only functions are listed, no data
-//! (no lock addresses): locks are classified by the functions on the stack instead.
+//! (no lock addresses): locks are classified by the functions on the stack instead. Where it
+//! is on, the static vmap locks ([`DATA_SYMBOLS`]) are kept too.
 
 use std::path::Path;
 
@@ -20,10 +21,16 @@ pub struct Symbol {
     pub module: Option<String>,
 }
 
+/// Data symbols kept (with `CONFIG_KALLSYMS_ALL`): the static vmap locks, whose addresses let
+/// the lock probes know them before any wait.
+pub const DATA_SYMBOLS: [&str; 2] = ["free_vmap_area_lock", "vmap_purge_lock"];
+
 /// The kernel's text symbols, sorted by address.
 #[derive(Clone, Debug, Default)]
 pub struct Kallsyms {
     syms: Vec<Symbol>,
+    /// `(name, address)` of the [`DATA_SYMBOLS`] the kernel lists.
+    data: Vec<(String, u64)>,
 }
 
 impl Kallsyms {
@@ -64,6 +71,7 @@ impl Kallsyms {
 
     /// Parses kallsyms text; malformed lines and zero (hidden) addresses are skipped.
     pub fn parse(text: &str) -> Self {
+        let mut data = Vec::new();
         let mut syms: Vec<Symbol> = text
             .lines()
             .filter_map(|line| {
@@ -71,6 +79,10 @@ impl Kallsyms {
                 let addr = u64::from_str_radix(it.next()?, 16).ok()?;
                 let ty = it.next()?;
                 let name = it.next()?;
+                if addr != 0 && matches!(ty, "d" | "D" | "b" | "B") && DATA_SYMBOLS.contains(&name)
+                {
+                    data.push((name.to_string(), addr));
+                }
                 let module = it
                     .next()
                     .map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
@@ -82,7 +94,12 @@ impl Kallsyms {
             })
             .collect();
         syms.sort_by_key(|s| s.addr);
-        Self { syms }
+        Self { syms, data }
+    }
+
+    /// Address of one of the [`DATA_SYMBOLS`], when the kernel lists data symbols.
+    pub fn data_addr(&self, name: &str) -> Option<u64> {
+        self.data.iter().find(|(n, _)| n == name).map(|&(_, a)| a)
     }
 
     pub fn len(&self) -> usize {
@@ -182,5 +199,20 @@ ffffffff83b8da50 d some_data
         assert_eq!(k.format(0xffffffffc0000010), "foo+0x10 [xfs]");
         assert_eq!(k.format(0x10), "0x10");
         assert_eq!(k.addr_of("vfree"), Some(0xffffffff8160d4c0));
+    }
+
+    #[test]
+    fn keeps_the_static_vmap_locks_but_no_other_data() {
+        let text = "ffffffff83a1c4c0 d free_vmap_area_lock\n\
+                    ffffffff83a1c500 b vmap_purge_lock\n\
+                    ffffffff83a1c600 d some_other_lock\n\
+                    ffffffff81609800 t alloc_vmap_area\n";
+        let k = Kallsyms::parse(text);
+        assert_eq!(k.data_addr("free_vmap_area_lock"), Some(0xffffffff83a1c4c0));
+        assert_eq!(k.data_addr("vmap_purge_lock"), Some(0xffffffff83a1c500));
+        assert_eq!(k.data_addr("some_other_lock"), None);
+        // Data stays out of the text symbols that frames resolve against.
+        assert_eq!(k.len(), 1);
+        assert_eq!(Kallsyms::parse(TEXT).data_addr("free_vmap_area_lock"), None);
     }
 }

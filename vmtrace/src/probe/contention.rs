@@ -182,6 +182,16 @@ impl Classifier {
         self.with_node(class, lock)
     }
 
+    /// Takes `lock` as `class` without waits to learn from: its address came from the kernel
+    /// itself (kallsyms, or a `vmap_node` and BTF offsets). True when it was not known yet.
+    pub fn know(&mut self, lock: u64, class: LockClass) -> bool {
+        if self.known.contains_key(&lock) {
+            return false;
+        }
+        self.known.insert(lock, class);
+        true
+    }
+
     /// Addresses that became known since the last call, for the probe's `KNOWN_LOCKS` map.
     pub fn take_newly_known(&mut self) -> Vec<(u64, LockClass)> {
         std::mem::take(&mut self.newly_known)

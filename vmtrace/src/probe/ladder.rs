@@ -78,7 +78,9 @@ pub const DECAY_FUNCTION: &str = "decay_va_pool_node";
 
 pub const NO_LATENCY: &str = "n/a: no latency without fentry/kprobe";
 
-pub const LOGICAL: [Logical; 5] = [
+pub const NO_HOLDS: &str = "n/a: lock holds need fentry (no tracepoint marks a lock's release)";
+
+pub const LOGICAL: [Logical; 6] = [
     Logical {
         name: "lock_waits",
         fentry: &[
@@ -148,6 +150,18 @@ pub const LOGICAL: [Logical; 5] = [
         ],
         tracepoint: &[],
         tracepoint_note: Some(NO_LATENCY),
+    },
+    // Every spinlock in the kernel passes both functions, so a kprobe rung (an int3 trap on
+    // each) would slow the whole machine far more than the fentry trampolines do: fentry only.
+    Logical {
+        name: "lock_holds",
+        fentry: &[
+            p(names::PROG_FEXIT_SPIN_LOCK, "_raw_spin_lock", true),
+            p(names::PROG_FENTRY_SPIN_UNLOCK, "_raw_spin_unlock", false),
+        ],
+        kprobe: &[],
+        tracepoint: &[],
+        tracepoint_note: Some(NO_HOLDS),
     },
 ];
 

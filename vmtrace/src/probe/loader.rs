@@ -9,8 +9,8 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use vmtrace_common::{
-    counter, kind, names, AddrRange, FieldLoc, PageFilter, RangeSet, TpLayout, MAX_FIELDS,
-    MAX_ORDER_SLOTS, MAX_RANGES,
+    counter, kind, names, AddrRange, FieldLoc, PageFilter, RangeSet, TpLayout, HOLD_CLASSES,
+    HOLD_STRIDE, MAX_FIELDS, MAX_ORDER_SLOTS, MAX_RANGES,
 };
 
 use super::ladder::{self, Choice, ProgSpec, Rung};
@@ -228,6 +228,13 @@ pub struct LoadedProbes {
     stats: Option<std::os::fd::OwnedFd>,
     counters: Option<PerCpuArray<MapData, u64>>,
     backing: Option<PerCpuArray<MapData, u64>>,
+    /// The hold probe's `HOLD_HIST`.
+    holds: Option<PerCpuArray<MapData, u64>>,
+    /// vmap locks whose address is known before any wait: `free_vmap_area_lock` from kallsyms.
+    static_locks: Vec<(u64, LockClass)>,
+    /// Offsets of a `struct vmap_node`'s locks, from kernel BTF: each node's locks are known
+    /// once a decay record gives the node's address.
+    node_lock_offsets: Vec<(u64, LockClass)>,
     stacks: Option<StackTraceMap<MapData>>,
     /// The lock probe's `KNOWN_LOCKS`; `None` without the map or with
     /// `VMTRACE_LOCK_WALK=always`, when every wait is walked as before the map existed.
@@ -853,6 +860,19 @@ impl LoadedProbes {
         let backing = ebpf
             .take_map(names::BACKING_ORDERS)
             .and_then(|m| PerCpuArray::try_from(m).ok());
+        let holds = ebpf
+            .take_map(names::HOLD_HIST)
+            .and_then(|m| PerCpuArray::try_from(m).ok());
+        let static_locks = ksyms
+            .as_ref()
+            .and_then(|k| k.data_addr("free_vmap_area_lock"))
+            .map(|a| vec![(a, LockClass::FreeAreaLock)])
+            .unwrap_or_default();
+        let node_lock_offsets = kbtf
+            .as_ref()
+            .ok()
+            .map(vmap_node_lock_offsets)
+            .unwrap_or_default();
         let stacks = ebpf
             .take_map(names::STACKS)
             .and_then(|m| StackTraceMap::try_from(m).ok());
@@ -878,6 +898,9 @@ impl LoadedProbes {
             stats: None,
             counters,
             backing,
+            holds,
+            static_locks,
+            node_lock_offsets,
             stacks,
             known_locks,
             ksyms,
@@ -894,6 +917,18 @@ impl LoadedProbes {
                 let _ = m.insert(lock, code, 0);
             }
         }
+    }
+
+    /// vmap lock addresses known without a wait (`free_vmap_area_lock`).
+    pub fn static_locks(&self) -> &[(u64, LockClass)] {
+        &self.static_locks
+    }
+
+    /// The locks of the `struct vmap_node` at `vn` (a decay record's `work`).
+    pub fn node_locks(&self, vn: u64) -> impl Iterator<Item = (u64, LockClass)> + '_ {
+        self.node_lock_offsets
+            .iter()
+            .map(move |&(off, class)| (vn.wrapping_add(off), class))
     }
 
     /// Frames of a kernel stack id, innermost first, as `symbol+0xoff`.
@@ -931,6 +966,16 @@ impl LoadedProbes {
                     .map(|v| v.iter().sum())
                     .unwrap_or(0)
             })
+            .collect()
+    }
+
+    /// The hold probe's histogram, summed over CPUs; empty without the map.
+    pub fn hold_hist(&self) -> Vec<u64> {
+        let Some(m) = &self.holds else {
+            return Vec::new();
+        };
+        (0..HOLD_CLASSES * HOLD_STRIDE)
+            .map(|i| m.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0))
             .collect()
     }
 
@@ -1359,7 +1404,9 @@ fn ladder_info(
     let note = match choice.rung {
         Rung::Tracepoint => choice.logical.tracepoint_note.map(String::from),
         Rung::None if choice.not_requested => Some(ladder::NOT_REQUESTED.into()),
-        Rung::None if choice.logical.name == "alloc_latency" => Some(ladder::NO_LATENCY.into()),
+        Rung::None if choice.logical.tracepoint.is_empty() => {
+            choice.logical.tracepoint_note.map(String::from)
+        }
         _ => None,
     };
     ProbeInfo {
@@ -1454,6 +1501,24 @@ fn start_probe_logger(ebpf: &mut Ebpf) {
         }
         Err(e) => log::debug!("probe logger unavailable: {e}"),
     }
+}
+
+/// Offsets in `struct vmap_node` of `pool_lock`, `busy.lock` and `lazy.lock` (`busy` and
+/// `lazy` are `struct rb_list`), those BTF has.
+fn vmap_node_lock_offsets(btf: &crate::host::btf::KernelBtf) -> Vec<(u64, LockClass)> {
+    let list_lock = btf.member_offset("rb_list", "lock");
+    let in_list = |member: &str| Some(btf.member_offset("vmap_node", member)? + list_lock?);
+    [
+        (
+            btf.member_offset("vmap_node", "pool_lock"),
+            LockClass::NodePoolLock,
+        ),
+        (in_list("busy"), LockClass::NodeBusyLock),
+        (in_list("lazy"), LockClass::NodeLazyLock),
+    ]
+    .into_iter()
+    .filter_map(|(off, class)| Some((off?, class)))
+    .collect()
 }
 
 #[cfg(test)]

@@ -24,6 +24,10 @@ pub fn resolve_probes(names: &[String]) -> Result<Vec<&'static str>, String> {
             },
         }
     }
+    // The hold probe times only locks the wait probe has classified (`KNOWN_LOCKS`).
+    if wanted.contains(&"lock_holds") && !wanted.contains(&"lock_waits") {
+        wanted.push("lock_waits");
+    }
     wanted.sort_unstable();
     wanted.dedup();
     Ok(wanted)

@@ -150,6 +150,12 @@ pub struct CalibrateArgs {
     /// Print the calibration as JSON on stdout instead of the summary table.
     #[arg(long)]
     pub json: bool,
+
+    /// Size the lock holds from the recorded waits even when the traces carry holds timed by
+    /// the `lock_holds` probe (which are used otherwise): to check the wait estimator against
+    /// a kernel that shows the holds.
+    #[arg(long)]
+    pub holds_from_waits: bool,
 }
 
 fn parse_cost(s: &str) -> Result<(String, u64), String> {
@@ -446,11 +452,12 @@ pub fn calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
             sections: report.locks,
         });
     }
-    let mut cal = calibration::calibrate(
+    let mut cal = calibration::calibrate_with(
         &timings,
         crate::sim::timing::Costs::default(),
         machine.unwrap_or_default(),
         format!("vmtrace {}", env!("CARGO_PKG_VERSION")),
+        !args.holds_from_waits,
     )?;
     for (t, path) in cal.traces.iter_mut().zip(&args.traces) {
         t.path = path.display().to_string();

@@ -108,6 +108,64 @@ pub struct Scan {
     stalls_cut: StallsCut,
     /// The time of the record being read.
     now: u64,
+    /// Holds the `lock_holds` probe timed, from the footer: per class, the exp2 histogram
+    /// (`ClassHolds::histogram`) and the sum.
+    holds: BTreeMap<LockClass, MeasuredHolds>,
+}
+
+/// Lock holds timed by the hold probe, pooled over traces.
+#[derive(Clone, Debug, Default)]
+pub struct MeasuredHolds {
+    pub count: u64,
+    pub sum_ns: u64,
+    pub histogram: Vec<u64>,
+}
+
+impl MeasuredHolds {
+    fn add(&mut self, count: u64, sum_ns: u64, histogram: &[u64]) {
+        self.count += count;
+        self.sum_ns += sum_ns;
+        if self.histogram.len() < histogram.len() {
+            self.histogram.resize(histogram.len(), 0);
+        }
+        for (a, b) in self.histogram.iter_mut().zip(histogram) {
+            *a += b;
+        }
+    }
+
+    /// E\[S²\] and E\[S³\] from the histogram, each bucket `[2^(k-1), 2^k)` at its geometric
+    /// middle, scaled so that the same points give the exact mean: the buckets are a factor of
+    /// two wide, and the sum keeps the first moment exact.
+    fn moments(&self) -> (f64, f64, f64) {
+        let n = self.count.max(1) as f64;
+        let mid = |k: usize| {
+            if k == 0 {
+                0.0
+            } else {
+                2f64.powi(k as i32 - 1) * std::f64::consts::SQRT_2
+            }
+        };
+        let raw: f64 = self
+            .histogram
+            .iter()
+            .enumerate()
+            .map(|(k, &c)| c as f64 * mid(k))
+            .sum();
+        let scale = if raw > 0.0 {
+            self.sum_ns as f64 / raw
+        } else {
+            1.0
+        };
+        let moment = |p: i32| {
+            self.histogram
+                .iter()
+                .enumerate()
+                .map(|(k, &c)| c as f64 * (mid(k) * scale).powi(p))
+                .sum::<f64>()
+                / n
+        };
+        (self.sum_ns as f64 / n, moment(2), moment(3))
+    }
 }
 
 /// Machine stalls the calibration took out of the worker's intervals (drain latencies, purge
@@ -133,6 +191,15 @@ impl StallsCut {
 impl Scan {
     /// Takes one record of the trace, in trace order.
     pub fn record(&mut self, rec: &Record) {
+        if let Record::Footer(f) = rec {
+            for h in f.ladder.iter().flat_map(|l| &l.lock_holds) {
+                self.holds
+                    .entry(h.class)
+                    .or_default()
+                    .add(h.count, h.hold_ns, &h.histogram);
+            }
+            return;
+        }
         let ctx = match rec {
             Record::Alloc(a) => &a.ctx,
             Record::Free(f) => &f.ctx,
@@ -426,6 +493,13 @@ pub struct HoldEstimate {
     pub dispersion: f64,
     pub base_ns: u64,
     pub tail: HoldTail,
+    /// Holds the `lock_holds` probe timed (`waits` and the wait figures are then only
+    /// reported): the traces' own holds, used instead of the wait estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_holds: Option<u64>,
+    /// The wait estimator's mean hold, beside a measured one, as its check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_estimate_ns: Option<f64>,
 }
 
 /// The empirical distribution of the drain latency, as evenly spaced quantiles.
@@ -617,6 +691,7 @@ struct ClassInput {
     /// Σ over traces and instances of n_i² (1 − Σ_cpu share²) / T: the waits per ns of hold
     /// that independent CPUs produce.
     exposure: f64,
+    holds: MeasuredHolds,
 }
 
 /// The hold-time estimate of one class from its pooled waits (see the module docs and
@@ -666,6 +741,42 @@ pub fn estimate_hold(
         dispersion,
         base_ns,
         tail,
+        measured_holds: None,
+        wait_estimate_ns: None,
+    })
+}
+
+/// The hold estimate of one class from the holds the probe timed: the same two-point mixture
+/// as [`estimate_hold`], from the holds' own moments instead of the waits'.
+fn measured_hold(class: LockClass, sections: u64, m: &MeasuredHolds) -> Option<HoldEstimate> {
+    if m.count == 0 {
+        return None;
+    }
+    let (mean, second, third) = m.moments();
+    let (base_ns, tail) = match two_points(mean, second, third) {
+        None => (mean.round().max(1.0) as u64, HoldTail::default()),
+        Some((base, tail_ns, share)) => (
+            base.round() as u64,
+            HoldTail {
+                tail_ns: tail_ns.round() as u64,
+                tail_share: share,
+            },
+        ),
+    };
+    Some(HoldEstimate {
+        class,
+        sections,
+        waits: 0,
+        p_wait: 0.0,
+        mean_wait_ns: 0.0,
+        median_wait_ns: 0.0,
+        mean_hold_ns: mean,
+        second_moment_ns2: second,
+        dispersion: second / (mean * mean),
+        base_ns,
+        tail,
+        measured_holds: Some(m.count),
+        wait_estimate_ns: None,
     })
 }
 
@@ -740,6 +851,18 @@ pub fn calibrate(
     machine: Machine,
     tool: String,
 ) -> Result<Calibration, CalibrationError> {
+    calibrate_with(traces, base, machine, tool, true)
+}
+
+/// [`calibrate`], where `use_holds` false sizes the holds from the waits even when the traces
+/// carry timed holds (to check the estimator against them).
+pub fn calibrate_with(
+    traces: &[TraceTiming],
+    base: Costs,
+    machine: Machine,
+    tool: String,
+    use_holds: bool,
+) -> Result<Calibration, CalibrationError> {
     if traces.is_empty() {
         return Err(CalibrationError::NoTraces);
     }
@@ -769,6 +892,9 @@ pub fn calibrate(
         for (class, _) in ESTIMATED {
             let inst = instances(&t.sections, class);
             let e = inputs.entry(class).or_default();
+            if let Some(m) = t.scan.holds.get(&class) {
+                e.holds.add(m.count, m.sum_ns, &m.histogram);
+            }
             e.sections += inst.iter().sum::<u64>();
             e.exposure += inst
                 .iter()
@@ -822,25 +948,43 @@ pub fn calibrate(
     for (class, name) in ESTIMATED {
         let e = &inputs[&class];
         let residuals: Vec<u64> = e.waits.iter().map(|w| w.saturating_sub(handoff)).collect();
-        match estimate_hold(class, e.sections, e.exposure, &residuals) {
+        let from_waits = estimate_hold(class, e.sections, e.exposure, &residuals);
+        let timed = use_holds
+            .then(|| measured_hold(class, e.sections, &e.holds))
+            .flatten()
+            .map(|mut h| {
+                h.wait_estimate_ns = from_waits.as_ref().map(|w| w.mean_hold_ns);
+                h.waits = residuals.len() as u64;
+                h
+            });
+        match timed.or(from_waits) {
             Some(h) => {
                 let _ = costs.set(name, h.base_ns);
-                provenance.insert(
-                    name,
-                    (
-                        "measured".into(),
-                        format!(
-                            "{} waits over {} sections: mean hold {:.0} ns, dispersion {:.1}; base {} ns, {:.3} % of holds {} ns",
-                            h.waits,
-                            h.sections,
-                            h.mean_hold_ns,
-                            h.dispersion,
-                            h.base_ns,
-                            100.0 * h.tail.tail_share,
-                            h.tail.tail_ns
-                        ),
+                let basis = match h.measured_holds {
+                    Some(n) => format!(
+                        "{n} holds timed (lock_holds) against {} sections: mean hold {:.0} ns, dispersion {:.1}; base {} ns, {:.3} % of holds {} ns; the {} waits gave {}",
+                        h.sections,
+                        h.mean_hold_ns,
+                        h.dispersion,
+                        h.base_ns,
+                        100.0 * h.tail.tail_share,
+                        h.tail.tail_ns,
+                        h.waits,
+                        h.wait_estimate_ns
+                            .map_or("no estimate".into(), |w| format!("{w:.0} ns")),
                     ),
-                );
+                    None => format!(
+                        "{} waits over {} sections: mean hold {:.0} ns, dispersion {:.1}; base {} ns, {:.3} % of holds {} ns",
+                        h.waits,
+                        h.sections,
+                        h.mean_hold_ns,
+                        h.dispersion,
+                        h.base_ns,
+                        100.0 * h.tail.tail_share,
+                        h.tail.tail_ns
+                    ),
+                };
+                provenance.insert(name, ("measured".into(), basis));
                 if h.tail.tail_share > 0.0 {
                     tails.insert(class, h.tail);
                 }
@@ -1017,6 +1161,90 @@ mod tests {
             nr_purged: None,
             flush_ns: None,
         })
+    }
+
+    /// The histogram and sum the hold probe writes for `holds`.
+    fn timed(holds: &[u64]) -> MeasuredHolds {
+        let mut m = MeasuredHolds::default();
+        let mut hist = vec![0u64; vmtrace_common::HOLD_BUCKETS as usize];
+        for &h in holds {
+            hist[vmtrace_common::hold_bucket(h) as usize] += 1;
+        }
+        m.add(holds.len() as u64, holds.iter().sum(), &hist);
+        m
+    }
+
+    #[test]
+    fn timed_holds_give_their_mean_and_their_long_tail() {
+        // 99.9 % of holds 300 ns, 0.1 % 2 ms (a preempted vCPU).
+        let holds: Vec<u64> = (0..100_000u64)
+            .map(|i| if i % 1000 == 0 { 2_000_000 } else { 300 })
+            .collect();
+        let mean = holds.iter().sum::<u64>() as f64 / holds.len() as f64;
+        let h = measured_hold(LockClass::NodeLazyLock, 100_000, &timed(&holds)).unwrap();
+        assert_eq!(h.measured_holds, Some(100_000));
+        assert!((h.mean_hold_ns - mean).abs() < 1e-6, "{h:?}");
+        // The buckets are a factor of two wide: the base and the tail land within it.
+        assert!((150..=600).contains(&h.base_ns), "{h:?}");
+        assert!(
+            (1_000_000..=4_000_000).contains(&h.tail.tail_ns) && h.tail.tail_share > 0.0003,
+            "{h:?}"
+        );
+        // Perturbed: every hold twice as long moves the mean and the base with it.
+        let doubled: Vec<u64> = holds.iter().map(|h| 2 * h).collect();
+        let d = measured_hold(LockClass::NodeLazyLock, 100_000, &timed(&doubled)).unwrap();
+        assert!((d.mean_hold_ns / h.mean_hold_ns - 2.0).abs() < 1e-9);
+        assert!(d.base_ns >= 2 * h.base_ns - 2, "{d:?} against {h:?}");
+    }
+
+    #[test]
+    fn timed_holds_win_over_the_wait_estimate_unless_told() {
+        let mut scan = Scan::default();
+        let holds = timed(&vec![400u64; 10_000]);
+        scan.holds.insert(LockClass::NodeBusyLock, holds);
+        // Waits that alone would size the busy lock at some other hold.
+        scan.first_ts = Some(0);
+        scan.last_ts = 1_000_000_000;
+        scan.events_per_cpu = BTreeMap::from([(0, 5_000), (1, 5_000)]);
+        scan.waits.insert(
+            LockClass::NodeBusyLock,
+            (0..200).map(|i| 10 + i * 5).collect(),
+        );
+        let sections = LockCounts {
+            busy: vec![5_000, 5_000],
+            ..LockCounts::default()
+        };
+        let traces = [TraceTiming { scan, sections }];
+        let cal = |use_holds| {
+            calibrate_with(
+                &traces,
+                Costs::default(),
+                Machine::default(),
+                "test".into(),
+                use_holds,
+            )
+            .unwrap()
+        };
+        let timed = cal(true);
+        let h = timed
+            .holds
+            .iter()
+            .find(|h| h.class == LockClass::NodeBusyLock)
+            .unwrap();
+        assert_eq!(h.measured_holds, Some(10_000));
+        assert_eq!(timed.costs.busy_lock_ns, 400);
+        let estimate = h
+            .wait_estimate_ns
+            .expect("the wait estimate is kept beside it");
+        let waits = cal(false);
+        let w = waits
+            .holds
+            .iter()
+            .find(|h| h.class == LockClass::NodeBusyLock)
+            .unwrap();
+        assert_eq!(w.measured_holds, None);
+        assert!((w.mean_hold_ns - estimate).abs() < 1e-6);
+        assert_ne!(waits.costs.busy_lock_ns, 400);
     }
 
     #[test]

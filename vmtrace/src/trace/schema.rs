@@ -434,6 +434,20 @@ pub struct ClassTotal {
     pub wait_ns: u64,
 }
 
+/// Critical sections of one lock class as the hold probe timed them (`lock_holds`: from the
+/// return of `_raw_spin_lock` to the entry of `_raw_spin_unlock`, on lock addresses already
+/// classified from waits).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassHolds {
+    pub class: LockClass,
+    pub count: u64,
+    /// Sum of the holds.
+    pub hold_ns: u64,
+    /// Holds by exp2 bucket: index `k` counts holds in `[2^(k-1), 2^k)` ns (0: 0 ns; the
+    /// last also counts longer ones).
+    pub histogram: Vec<u64>,
+}
+
 /// Accounting of the ladder probes (lock waits, purge work, page tables, backing pages).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LadderStats {
@@ -464,6 +478,14 @@ pub struct LadderStats {
     /// recorded work item of the same task.
     pub purges_from_work: u64,
     pub purges_matched: u64,
+    /// Lock holds per class (the `lock_holds` probe), classes with at least one hold; empty
+    /// when the probe was off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lock_holds: Vec<ClassHolds>,
+    /// Known-lock takes the hold probe left untimed because another was being timed on the
+    /// same CPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hold_nested: u64,
 }
 
 /// Why recording stopped.
@@ -544,4 +566,8 @@ impl Record {
             _ => None,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
