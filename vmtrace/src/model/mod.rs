@@ -1363,13 +1363,14 @@ impl Model {
     }
 
     /// The cut of a decay: [`pools::decay_count`] from the head of each of `node`'s
-    /// pools into `out`, with two pool-lock sections per non-empty pool (detach, re-attach).
+    /// pools into `out`, with a pool-lock section per non-empty pool to detach it and one more
+    /// per pool left non-empty to attach it back ([`pools::decay_sections`]).
     fn cut_pools(&mut self, node: u32, full: bool, out: &mut Vec<(u64, u64)>) {
         if !self.params.variant.has_pools() {
             return;
         }
-        let non_empty = self.pools.decay(node, full, self.params.decay, out);
-        for _ in 0..2 * non_empty {
+        let sections = self.pools.decay(node, full, self.params.decay, out);
+        for _ in 0..sections {
             self.enter(NodeLock::Pool, node);
         }
     }

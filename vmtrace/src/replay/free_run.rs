@@ -714,8 +714,9 @@ struct Run {
 struct Inflight {
     p: PurgeInProgress,
     at: u64,
-    /// Per node: pools non-empty before the decay, and the entries it returned.
-    nonempty: Vec<u64>,
+    /// Per node: the decay's pool-lock sections ([`crate::model::pools::decay_sections`]),
+    /// and the entries it returned.
+    pool_sections: Vec<u64>,
     decayed: Vec<u64>,
     /// The follow-up drain it gets ([`Run::follow_up_after`]), decided at its start.
     follow_gap: Option<u64>,
@@ -1102,7 +1103,8 @@ impl Run {
     }
 
     /// One `__purge_vmap_area_lazy` under `vmap_purge_lock`, appended to `steps` in the kernel's
-    /// order: per node the pool decay (pool lock to detach and re-attach each non-empty pool,
+    /// order: per node the pool decay (pool lock to detach each non-empty pool and to attach
+    /// back each one the decay left non-empty,
     /// the free-tree lock once for the decayed areas) and the lazy detach; one TLB flush; then
     /// per node with work its objects, a pool-lock section per area pooled and one free-tree
     /// section for the areas returned (`purge_vmap_node`). The first `helpers` nodes with work
@@ -1129,13 +1131,13 @@ impl Run {
         for (node, _, size) in self.model.pools().iter() {
             *pool_len.entry((node, size)).or_default() += 1;
         }
-        let mut nonempty = vec![0u64; pool_nodes];
+        let mut pool_sections = vec![0u64; pool_nodes];
         let mut decayed = vec![0u64; pool_nodes];
         for (&(node, _), &len) in &pool_len {
-            if let Some(n) = nonempty.get_mut(node as usize) {
-                *n += 1;
-                decayed[node as usize] +=
-                    crate::model::pools::decay_count(len, full, self.model.params().decay) as u64;
+            if let Some(n) = pool_sections.get_mut(node as usize) {
+                let cut = crate::model::pools::decay_count(len, full, self.model.params().decay);
+                *n += u64::from(crate::model::pools::decay_sections(len, cut));
+                decayed[node as usize] += cut as u64;
             }
         }
         self.sync_prev();
@@ -1144,7 +1146,7 @@ impl Run {
         Inflight {
             p,
             at,
-            nonempty,
+            pool_sections,
             decayed,
             follow_gap: None,
         }
@@ -1158,7 +1160,7 @@ impl Run {
         let Inflight {
             p,
             at,
-            nonempty,
+            pool_sections,
             decayed,
             ..
         } = f;
@@ -1182,7 +1184,7 @@ impl Run {
         steps.push(Step::Acquire(self.locks.purge));
         for n in 0..lazy_nodes.max(pool_nodes) {
             if let Some(&lock) = self.locks.pool.get(n) {
-                push_sections(steps, lock, c.pool_lock_ns, 2 * nonempty[n]);
+                push_sections(steps, lock, c.pool_lock_ns, pool_sections[n]);
                 if decayed[n] > 0 {
                     steps.push(Step::Section {
                         lock: self.locks.free_area,
