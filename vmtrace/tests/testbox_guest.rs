@@ -158,7 +158,8 @@ fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
         "vmtrace probes --json > probes.json\n\
          VMTRACE_MAX_RUNG=kprobe vmtrace probes --json > probes-kprobe.json\n\
          vmtrace record -q --probes all -o fentry.jsonl -- vmtrace stress fix-size --threads 4 --duration 5s > /dev/null\n\
-         VMTRACE_MAX_RUNG=kprobe vmtrace record -q --probes all -o kprobe.jsonl -- vmtrace stress fix-size --threads 4 --duration 5s > /dev/null\n",
+         VMTRACE_MAX_RUNG=kprobe vmtrace record -q --probes all -o kprobe.jsonl -- vmtrace stress fix-size --threads 4 --duration 5s > /dev/null\n\
+         vmtrace record -q --probes lock_holds,purge_work -o holds-random.jsonl -- vmtrace stress random-size --threads 4 --duration 5s > /dev/null\n",
     );
 
     let top = rungs(&json_file(&dir.join("probes.json")));
@@ -224,8 +225,15 @@ fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
             );
         } else {
             holds_match_the_models_sections(&trace, footer["ladder"]["lock_holds"].clone());
+            wait_estimate_agrees_with_the_holds(&trace);
         }
     }
+    // Random sizes leave many short pools, which the pre-6.16 decay empties: the model's
+    // pool-lock count matches the kernel's only if an emptied pool is not attached back.
+    let trace = dir.join("holds-random.jsonl");
+    common::assert_trace_valid(&trace);
+    let (_, footer) = census(&trace);
+    holds_match_the_models_sections(&trace, footer["ladder"]["lock_holds"].clone());
 }
 
 /// The hold probe times every take of the vmap locks once their addresses are known (the
@@ -233,7 +241,8 @@ fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
 /// count per class is the number of critical sections the kernel ran: the observed-timing
 /// replay of the same trace counts the sections the model entered, and the two must agree.
 /// This checks the model's lock accounting against the kernel, and the probe's coverage.
-/// Measured in this guest: within 0.5 % for every class (docs/testbox.md).
+/// Measured in this guest: within 0.5 % for every class on fix-size and random-size (where the
+/// model once counted 27 % too many pool-lock sections: docs/testbox.md).
 fn holds_match_the_models_sections(trace: &Path, holds: Value) {
     let holds = holds.as_array().cloned().unwrap_or_default();
     let locks = replay(trace)["locks"].clone();
@@ -267,15 +276,16 @@ fn holds_match_the_models_sections(trace: &Path, holds: Value) {
         );
         assert!(mean > 0.0, "{class}: holds of 0 ns");
     }
-    wait_estimate_agrees_with_the_holds(trace);
 }
 
 /// `vmtrace calibrate` sizes the holds from the timed ones when a trace has them, and keeps
 /// the wait estimator's answer beside them: the estimator is what every kernel without fentry
 /// relies on, and this is the one place where it meets the holds it estimates. Measured in this
-/// guest over two 6 s fix-size recordings: 0.49-0.95 of the timed mean for the node locks,
-/// 1.16-1.60 for the free-area lock (docs/model.md, "Calibration"). A factor of 4 either way
-/// fails an estimator that has broken, not one that is as rough as it is.
+/// guest over four 5-6 s fix-size recordings (the busy lock, with the most waits: 0.72-1.05): 0.49-1.40 of the timed mean for the busy and lazy
+/// locks, 1.16-2.44 for the free-area lock (docs/model.md, "Calibration"). A factor of 4 either
+/// way fails an estimator that has broken, not one that is as rough as it is. The pool lock
+/// (0.33-0.72) is printed, not judged: its takers are one node's CPUs and the purge worker, not
+/// every CPU alike, and the estimator's exposure assumes the latter (docs/model.md).
 fn wait_estimate_agrees_with_the_holds(trace: &Path) {
     let cal = trace.with_extension("cal.json");
     let out = Command::new(VMTRACE)
@@ -305,7 +315,7 @@ fn wait_estimate_agrees_with_the_holds(trace: &Path) {
         };
         let ratio = estimate / timed;
         eprintln!("{class}: wait estimate {estimate:.0} ns from {waits} waits, timed {timed:.0} ns: {ratio:.2}");
-        if waits >= 50 {
+        if waits >= 50 && class != "node_pool_lock" {
             assert!(
                 (0.25..=4.0).contains(&ratio),
                 "{class}: the wait estimator says {estimate:.0} ns, the timed holds {timed:.0} ns"
