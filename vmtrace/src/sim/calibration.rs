@@ -719,16 +719,7 @@ pub fn estimate_hold(
     let second = 2.0 * mean_hold * (1.0 - p_wait) * mean_wait;
     let third = 3.0 * mean_hold * (1.0 - p_wait) * mean_sq_wait;
     let dispersion = second / (mean_hold * mean_hold);
-    let (base_ns, tail) = match two_points(mean_hold, second, third) {
-        None => (mean_hold.round().max(1.0) as u64, HoldTail::default()),
-        Some((base, tail_ns, share)) => (
-            base.round() as u64,
-            HoldTail {
-                tail_ns: tail_ns.round() as u64,
-                tail_share: share,
-            },
-        ),
-    };
+    let (base_ns, tail) = mixture(mean_hold, second, third);
     Some(HoldEstimate {
         class,
         sections,
@@ -753,16 +744,7 @@ fn measured_hold(class: LockClass, sections: u64, m: &MeasuredHolds) -> Option<H
         return None;
     }
     let (mean, second, third) = m.moments();
-    let (base_ns, tail) = match two_points(mean, second, third) {
-        None => (mean.round().max(1.0) as u64, HoldTail::default()),
-        Some((base, tail_ns, share)) => (
-            base.round() as u64,
-            HoldTail {
-                tail_ns: tail_ns.round() as u64,
-                tail_share: share,
-            },
-        ),
-    };
+    let (base_ns, tail) = mixture(mean, second, third);
     Some(HoldEstimate {
         class,
         sections,
@@ -799,6 +781,21 @@ fn spin_handoff<'a>(classes: impl Iterator<Item = &'a [u64]>) -> Option<(u64, us
     }
     all.sort_unstable();
     Some((quantile(&all, 0.01), all.len()))
+}
+
+/// The base hold and long-hold tail of the [`two_points`] distribution with these moments; a
+/// fixed hold of the mean when there is none.
+fn mixture(mean: f64, second: f64, third: f64) -> (u64, HoldTail) {
+    match two_points(mean, second, third) {
+        None => (mean.round().max(1.0) as u64, HoldTail::default()),
+        Some((base, tail_ns, share)) => (
+            base.round() as u64,
+            HoldTail {
+                tail_ns: tail_ns.round() as u64,
+                tail_share: share,
+            },
+        ),
+    }
 }
 
 /// The two-point distribution (a with probability 1 − p, b with p) with moments `m1`, `m2`,
