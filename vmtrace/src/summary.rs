@@ -13,7 +13,10 @@ use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
 
-use crate::trace::{AreaKind, EventCounts, Footer, Header, ReadError, Record, TraceReader};
+use crate::trace::{
+    AreaKind, ClassHolds, EventCounts, Footer, Header, LadderStats, LockClass, ReadError, Record,
+    TraceReader,
+};
 
 #[derive(Debug, Args)]
 pub struct SummaryArgs {
@@ -57,6 +60,21 @@ pub struct Summary {
     pub stop_reason: Option<String>,
     /// Set when the trace has no footer: the line at which it ends.
     pub cut_short_at_line: Option<usize>,
+    /// Lock waits (`lock_waits`) and timed holds (`lock_holds`) per class, from the footer;
+    /// classes with neither are left out.
+    pub locks: Vec<LockSummary>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct LockSummary {
+    pub class: String,
+    pub waits: u64,
+    pub wait_ns: u64,
+    /// Holds timed; `None` without the `lock_holds` probe.
+    pub holds: Option<u64>,
+    pub hold_mean_ns: Option<f64>,
+    /// The histogram bucket bound under which 99 % of the holds fell.
+    pub hold_p99_below_ns: Option<u64>,
 }
 
 /// Reads a whole trace and summarises it. A missing footer (trace cut by SIGKILL) is not an
@@ -164,11 +182,33 @@ pub fn summarize(input: impl BufRead) -> Result<Summary, ReadError> {
             s.stop_reason = serde_json::to_value(f.reason)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string));
+            if let Some(l) = &f.ladder {
+                s.locks = lock_summary(l);
+            }
         }
         None if s.cut_short_at_line.is_none() => s.cut_short_at_line = Some(reader.line()),
         None => {}
     }
     Ok(s)
+}
+
+fn lock_summary(l: &LadderStats) -> Vec<LockSummary> {
+    LockClass::ALL
+        .iter()
+        .filter_map(|&class| {
+            let w = l.contention_by_class.iter().find(|c| c.class == class);
+            let h = l.lock_holds.iter().find(|h| h.class == class);
+            let (waits, wait_ns) = w.map_or((0, 0), |w| (w.count, w.wait_ns));
+            (waits > 0 || h.is_some()).then(|| LockSummary {
+                class: class.name().to_string(),
+                waits,
+                wait_ns,
+                holds: h.map(|h| h.count),
+                hold_mean_ns: h.map(ClassHolds::mean_ns),
+                hold_p99_below_ns: h.map(|h| h.quantile_bound_ns(0.99)),
+            })
+        })
+        .collect()
 }
 
 fn top<K: Ord + Clone>(m: HashMap<K, u64>, n: usize) -> Vec<(K, u64)> {
@@ -249,6 +289,24 @@ pub fn render(s: &Summary) -> String {
     for (comm, n) in &s.top_comms {
         let _ = writeln!(o, "  {comm:<16} {n:>8}");
     }
+    if !s.locks.is_empty() {
+        let _ = writeln!(o, "lock waits (lock_waits) and holds (lock_holds):");
+        for l in &s.locks {
+            let holds = match (l.holds, l.hold_mean_ns, l.hold_p99_below_ns) {
+                (Some(n), Some(mean), Some(p99)) => {
+                    format!("  holds {n:>9}, mean {mean:>7.0} ns, 99 % under {p99} ns")
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                o,
+                "  {:<16} waits {:>7} {:>10.3} ms{holds}",
+                l.class,
+                l.waits,
+                l.wait_ns as f64 / 1e6
+            );
+        }
+    }
     let _ = writeln!(
         o,
         "checks: {} frees without a known allocation, {} allocations outside VMALLOC",
@@ -274,4 +332,61 @@ pub fn render(s: &Summary) -> String {
         (None, None) => {}
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{ClassTotal, LadderStats};
+
+    #[test]
+    fn lock_classes_show_waits_and_timed_holds() {
+        let ladder = LadderStats {
+            contention_by_class: LockClass::ALL
+                .iter()
+                .map(|&class| ClassTotal {
+                    class,
+                    count: u64::from(class == LockClass::NodeBusyLock) * 3,
+                    wait_ns: u64::from(class == LockClass::NodeBusyLock) * 1_500_000,
+                })
+                .collect(),
+            // 99 holds in [512, 1024) ns and one in [2^20, 2^21).
+            lock_holds: vec![ClassHolds {
+                class: LockClass::NodeLazyLock,
+                count: 100,
+                hold_ns: 99 * 700 + 1_500_000,
+                histogram: (0..32)
+                    .map(|k| match k {
+                        10 => 99,
+                        21 => 1,
+                        _ => 0,
+                    })
+                    .collect(),
+            }],
+            ..LadderStats::default()
+        };
+        let locks = lock_summary(&ladder);
+        assert_eq!(locks.len(), 2, "{locks:?}");
+        assert_eq!(
+            (locks[0].class.as_str(), locks[0].waits),
+            ("node_busy_lock", 3)
+        );
+        assert_eq!(locks[0].holds, None);
+        let lazy = &locks[1];
+        assert_eq!(lazy.holds, Some(100));
+        assert_eq!(lazy.hold_mean_ns, Some(15_693.0));
+        assert_eq!(lazy.hold_p99_below_ns, Some(1024));
+        let text = render(&Summary {
+            locks,
+            ..Summary::default()
+        });
+        assert!(
+            text.contains("node_busy_lock   waits       3      1.500 ms\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("holds       100, mean   15693 ns, 99 % under 1024 ns"),
+            "{text}"
+        );
+    }
 }

@@ -448,6 +448,26 @@ pub struct ClassHolds {
     pub histogram: Vec<u64>,
 }
 
+impl ClassHolds {
+    pub fn mean_ns(&self) -> f64 {
+        self.hold_ns as f64 / self.count.max(1) as f64
+    }
+
+    /// The upper bound of the bucket that holds the `q` quantile (`2^k` ns for bucket `k`):
+    /// the histogram says no more than that a hold was under it.
+    pub fn quantile_bound_ns(&self, q: f64) -> u64 {
+        let want = (q * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (k, &n) in self.histogram.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return 1u64 << k.min(63);
+            }
+        }
+        1u64 << self.histogram.len().min(63)
+    }
+}
+
 /// Accounting of the ladder probes (lock waits, purge work, page tables, backing pages).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LadderStats {
