@@ -460,6 +460,11 @@ impl FreeRunner {
             Record::Purge(p) => run.view.observe_purge(p.npurged),
             Record::Contention(c) => run.observed.contention(c.class, c.wait_ns),
             Record::Latency(l) => run.observed.latency(l.latency_ns),
+            Record::Footer(f) => {
+                for h in f.ladder.iter().flat_map(|l| &l.lock_holds) {
+                    run.observed.hold(h);
+                }
+            }
             _ => {}
         }
         Ok(())
@@ -1433,6 +1438,63 @@ mod tests {
             delay: DrainLatency::from_samples(&[1_000, 2_000]).unwrap(),
             gap: DrainLatency::from_samples(&[100, 200]).unwrap(),
         }
+    }
+
+    /// A trace whose footer carries timed holds gets a `hold_ns:<class>` validation entry: the
+    /// simulation's mean section against the timed one, so a calibration made on other
+    /// recordings is checked on this one's holds. Twice the timed hold halves the ratio.
+    #[test]
+    fn timed_holds_are_validated_against_the_simulated_sections() {
+        use crate::trace::{ClassHolds, LockClass, Record};
+        let bytes = synth(4, 4, 1, 200);
+        let with_holds = |mean: u64| -> Vec<u8> {
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            let mut out = String::new();
+            for line in text.lines() {
+                let line = match serde_json::from_str::<Record>(line) {
+                    Ok(Record::Footer(mut f)) => {
+                        let mut l = f.ladder.take().unwrap_or_default();
+                        l.lock_holds = vec![ClassHolds {
+                            class: LockClass::NodeBusyLock,
+                            count: 1000,
+                            hold_ns: 1000 * mean,
+                            histogram: vec![0; 32],
+                        }];
+                        f.ladder = Some(l);
+                        serde_json::to_string(&Record::Footer(f)).unwrap()
+                    }
+                    _ => line.to_string(),
+                };
+                out.push_str(&line);
+                out.push('\n');
+            }
+            assert!(out.contains("lock_holds"), "synth wrote no footer");
+            out.into_bytes()
+        };
+        let ratio = |mean: u64| {
+            let w = free_run(
+                &with_holds(mean)[..],
+                &opts(Variant::Nodes),
+                &FreeRunOptions::default(),
+            )
+            .unwrap();
+            let v = super::super::validate::validate(&w, None);
+            let e = v
+                .iter()
+                .find(|e| e.metric == "hold_ns:node_busy_lock")
+                .expect("a hold entry");
+            assert_eq!(e.observed, mean as f64);
+            assert!(!v.iter().any(|e| e.metric == "hold_ns:node_lazy_lock"));
+            e.ratio.unwrap()
+        };
+        let busy = Costs::default().busy_lock_ns as f64;
+        let at_cost = ratio(Costs::default().busy_lock_ns);
+        assert!((at_cost - 1.0).abs() < 0.05, "{at_cost} at {busy} ns");
+        let doubled = ratio(2 * Costs::default().busy_lock_ns);
+        assert!(
+            (doubled * 2.0 - at_cost).abs() < 1e-9,
+            "{doubled} against {at_cost}"
+        );
     }
 
     /// A drain queued again while it ran adds a purge of what was freed meanwhile (here sooner

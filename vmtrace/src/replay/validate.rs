@@ -158,6 +158,24 @@ pub fn validate(w: &WhatIf, fidelity: Option<&Report>) -> Vec<Validation> {
             Target::Factor(1.5),
         ));
     }
+    // The holds the simulation gave each section, against those the kernel's were timed at:
+    // whether a calibration measured on other recordings carries over to this one.
+    for o in &w.observed.holds {
+        if o.class == LockClass::Other {
+            continue;
+        }
+        let predicted = w
+            .lock_waits
+            .iter()
+            .find(|c| c.class == o.class && c.sections > 0)
+            .map_or(0.0, |c| c.held_ns as f64 / c.sections as f64);
+        v.push(entry(
+            format!("hold_ns:{}", o.class.name()),
+            o.mean_ns,
+            predicted,
+            Target::Factor(1.5),
+        ));
+    }
     v
 }
 

@@ -232,12 +232,23 @@ pub struct ObservedWait {
     pub wait_histogram: Vec<HistBucket>,
 }
 
+/// Critical sections of one class the `lock_holds` probe timed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ObservedHold {
+    pub class: LockClass,
+    pub count: u64,
+    pub mean_ns: f64,
+}
+
 /// What the trace itself says about timing, beside the simulation's prediction.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Observed {
     /// `contention` events per class (`lock_waits` probe), in [`LockClass::ALL`] order; empty
     /// when the trace has none.
     pub contention: Vec<ObservedWait>,
+    /// Timed holds per class (`lock_holds` probe, from the footer); empty without it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<ObservedHold>,
     /// `latency` events (`alloc_vmap_area` entry to exit, richer probe rungs only).
     pub latency_count: u64,
     pub latency_ns: u64,
@@ -247,6 +258,7 @@ pub struct Observed {
 #[derive(Clone, Debug, Default)]
 pub struct ObservedAcc {
     classes: BTreeMap<LockClass, (u64, u64, [u64; 64])>,
+    holds: Vec<ObservedHold>,
     latency_count: u64,
     latency_ns: u64,
 }
@@ -258,6 +270,17 @@ impl ObservedAcc {
         e.1 += wait_ns;
         if wait_ns > 0 {
             e.2[exp2_bucket(wait_ns)] += 1;
+        }
+    }
+
+    /// The footer's timed holds of one class.
+    pub fn hold(&mut self, h: &crate::trace::ClassHolds) {
+        if h.count > 0 {
+            self.holds.push(ObservedHold {
+                class: h.class,
+                count: h.count,
+                mean_ns: h.mean_ns(),
+            });
         }
     }
 
@@ -280,6 +303,7 @@ impl ObservedAcc {
         contention.sort_by_key(|c| LockClass::ALL.iter().position(|&k| k == c.class));
         Observed {
             contention,
+            holds: self.holds,
             latency_count: self.latency_count,
             latency_ns: self.latency_ns,
         }
