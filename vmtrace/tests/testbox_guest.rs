@@ -330,11 +330,12 @@ fn holds_match_the_models_sections(trace: &Path, holds: Value) {
 /// `vmtrace calibrate` sizes the holds from the timed ones when a trace has them, and keeps
 /// the wait estimator's answer beside them: the estimator is what every kernel without fentry
 /// relies on, and this is the one place where it meets the holds it estimates. Measured in this
-/// guest over five 5-6 s fix-size recordings (the busy lock, with the most waits: 0.72-1.07): 0.49-1.40 of the timed mean for the busy and lazy
-/// locks, 0.72-2.46 for the free-area lock (docs/model.md, "Calibration"). A factor of 4 either
-/// way fails an estimator that has broken, not one that is as rough as it is. The pool lock
-/// (0.33-0.72) is printed, not judged: its takers are one node's CPUs and the purge worker, not
-/// every CPU alike, and the estimator's exposure assumes the latter (docs/model.md).
+/// guest over five 5-6 s fix-size recordings, estimate over timed mean: busy lock 0.72-1.07
+/// (the most waits), lazy lock 0.49-1.40, free-area lock 0.72-2.46 (docs/model.md,
+/// "Calibration"). A factor of 4 either way fails an estimator that has broken, not one that is
+/// as rough as it is. The pool lock (0.33-0.81) is printed, not judged: its takers are one
+/// node's CPUs and the purge worker, not every CPU alike, and the estimator's exposure assumes
+/// the latter (docs/model.md).
 fn wait_estimate_agrees_with_the_holds(trace: &Path) {
     let cal = trace.with_extension("cal.json");
     let out = Command::new(VMTRACE)
