@@ -118,21 +118,21 @@ fn census(trace: &Path) -> (std::collections::HashMap<String, u64>, Value) {
     (counts, footer)
 }
 
-/// `vmtrace replay --json` of a trace: the `nodes` report.
-fn replay(trace: &Path) -> Value {
-    let out = Command::new(VMTRACE)
-        .args(["replay", "--json", "--variant", "nodes"])
-        .arg(trace)
-        .output()
-        .unwrap();
+/// Runs vmtrace with `args` and parses what it printed as JSON; fails with its stderr.
+fn vmtrace_json(args: &[&std::ffi::OsStr]) -> Value {
+    let out = Command::new(VMTRACE).args(args).output().unwrap();
     assert!(
         out.status.success(),
-        "vmtrace replay {} failed: {}",
-        trace.display(),
+        "vmtrace {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let reports: Value = serde_json::from_slice(&out.stdout).unwrap();
-    reports[0].clone()
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `vmtrace replay --json` of a trace: the `nodes` report.
+fn replay(trace: &Path) -> Value {
+    let args = ["replay", "--json", "--variant", "nodes"].map(std::ffi::OsStr::new);
+    vmtrace_json(&[&args[..], &[trace.as_os_str()]].concat())[0].clone()
 }
 
 fn pct(report: &Value, key: &str) -> f64 {
@@ -245,20 +245,9 @@ fn every_probe_reaches_its_top_rung_and_the_kprobe_rung_records() {
 /// guest runs). A factor of 5 either way fails a broken link (footer, observed side, simulated
 /// sections), not that spread.
 fn holds_carry_over(cal: &Path, trace: &Path) {
-    let out = Command::new(VMTRACE)
-        .args(["replay", "--free-running", "--json", "--costs"])
-        .arg(cal)
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vmtrace replay --free-running: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let holds: Vec<(String, f64)> = serde_json::from_str::<Value>(&text)
-        .unwrap()
+    let args = ["replay", "--free-running", "--json", "--costs"].map(std::ffi::OsStr::new);
+    let report = vmtrace_json(&[&args[..], &[cal.as_os_str(), trace.as_os_str()]].concat());
+    let holds: Vec<(String, f64)> = report
         .get("what_if")
         .and_then(Value::as_array)
         .and_then(|w| w.first())
