@@ -120,7 +120,7 @@ impl LazyLists {
     }
 
     /// Takes one area off `node`'s tree and its pages off the counter (replay: the kernel's
-    /// purge took it, see `Model::swap_purged`).
+    /// purge took it, see `TrackedModel::swap_purged`).
     pub fn remove(&mut self, node: u32, start: u64, page_size: u64) -> Option<LazyArea> {
         let area = self.trees.get_mut(node as usize)?.remove(&start)?;
         self.pages = self.pages.saturating_sub(area.size / page_size.max(1));

@@ -17,18 +17,7 @@ pub mod nodes;
 pub mod pagetable;
 pub mod pools;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// How many purges must have given a hidden range back, each time followed by the kernel
-/// showing it unavailable again, before purges stop giving it back (`Model::unhide_after_purge`).
-/// A low threshold learns pool entries from before the trace sooner (random-size gains most)
-/// but also keeps ranges that were only lazy in the kernel hidden too long (fix-size loses);
-/// 10 keeps most of the gain at little cost.
-pub const STICKY_AFTER: u32 = 10;
-
-/// Most ranges remembered as given back by a purge (see `Model::unhide_after_purge`): the bound
-/// on that memory whatever the trace.
-const RELEASED_CAP: usize = 1 << 16;
+use std::collections::BTreeMap;
 
 pub use free_space::{FitFailure, FitType, FreeSpace};
 pub use lazy::{lazy_max_pages, purge_helpers, LazyArea, LazyLists};
@@ -107,7 +96,7 @@ impl Params {
     /// arch/x86/include/asm/pgtable_64_types.h): a 5-level base (0xffa0… before KASLR
     /// moves it down) lies below the 4-level kernel half, a 4-level base (0xffffc9…) inside it.
     pub fn five_level_base(vmalloc_start: u64) -> bool {
-        vmalloc_start < crate::trace::addr::KERNEL_HALF_4LEVEL
+        vmalloc_start < pagetable::KERNEL_HALF_4LEVEL
     }
 
     /// End (exclusive) of the space the model manages: the last page below `VMALLOC_END` can
@@ -299,6 +288,15 @@ impl PurgeInProgress {
         self.node_cutoff = Some(vec![self.cutoff.min(self.lazy_end); nodes]);
     }
 
+    /// Surgery on the batch: `back` leaves it and `instead` joins it (the caller moved the
+    /// areas themselves, see [`Model::unpurge`] and [`Model::place_purged`]).
+    pub fn rebatch(&mut self, back: &PurgedArea, instead: PurgedArea, page_size: u64) {
+        self.out.batch.retain(|a| a.addr != back.addr);
+        self.out.batch.push(instead);
+        self.out.pages =
+            self.out.pages - back.area.size / page_size + instead.area.size / page_size;
+    }
+
     fn cutoff_of(&self, node: u32) -> u64 {
         match &self.node_cutoff {
             Some(c) => c.get(node as usize).copied().unwrap_or(self.cutoff),
@@ -365,30 +363,9 @@ pub struct Model {
     scratch: Vec<(u64, u64)>,
     /// Order stamp of the last lazy area (see [`LazyArea::seq`]).
     free_seq: u64,
-    /// Nodes purged whose pages are still in `vmap_lazy_nr`, with those pages
-    /// ([`Model::defer_subtraction`]).
-    unsubtracted: Vec<(u32, u64)>,
-    /// Whether a node purged now leaves its pages in the backlog until
-    /// [`Model::settle_subtractions`].
-    defer_sub: bool,
     /// Nodes whose decay is under way ([`Model::decay_begin`]), with the entries cut from their
     /// pools on their way to the free tree.
     decaying: Vec<(u32, Vec<(u64, u64)>)>,
-    /// Ranges the kernel showed to be occupied by something no trace event reveals (pool
-    /// entries from before the trace): start → size. Neither free nor allocatable here until
-    /// the kernel uses them ([`Model::unhide`]) or a full decay empties every pool.
-    hidden: BTreeMap<u64, u64>,
-    /// How often a purge gave each hidden range back ([`Model::unhide_after_purge`]), and the
-    /// ranges hidden again after [`STICKY_AFTER`] of them: the kernel still did not use them
-    /// after all those purges, so they are not areas lazy in the kernel (the detach race) but
-    /// space it holds for good (pool entries from before the trace: pools of one to three
-    /// entries never decay). Purges keep those hidden; the kernel using them, or a full decay,
-    /// still gives them back.
-    released_by_purge: HashMap<(u64, u64), u32>,
-    sticky: HashSet<(u64, u64)>,
-    /// Pages in `vmap_lazy_nr` of lazy frees the model holds no area for
-    /// ([`Model::free_untracked`]), until the next purge ends.
-    untracked_lazy: u64,
 }
 
 impl Model {
@@ -414,13 +391,7 @@ impl Model {
             stats: ModelStats::default(),
             scratch: Vec::new(),
             free_seq: 0,
-            unsubtracted: Vec::new(),
-            defer_sub: false,
             decaying: Vec::new(),
-            hidden: BTreeMap::new(),
-            released_by_purge: HashMap::new(),
-            sticky: HashSet::new(),
-            untracked_lazy: 0,
             params,
         })
     }
@@ -481,32 +452,7 @@ impl Model {
     }
     /// `vmap_lazy_nr`, in pages.
     pub fn lazy_pages(&self) -> u64 {
-        self.lazy.pages() + self.unsubtracted_pages() + self.untracked_lazy
-    }
-
-    fn unsubtracted_pages(&self) -> u64 {
-        self.unsubtracted.iter().map(|&(_, p)| p).sum()
-    }
-
-    /// From now on (until turned off) a node purged keeps its pages in the backlog
-    /// (`vmap_lazy_nr`) until [`Model::settle_subtractions`]: `purge_vmap_node` pools each area
-    /// as it goes, so the kernel can hand one out again while the loop still runs, and
-    /// subtracts the node's pages only at its end (replay: a reuse seen before the drop).
-    pub fn defer_subtraction(&mut self, on: bool) {
-        self.defer_sub = on;
-    }
-
-    /// Nodes purged whose pages are still counted, with those pages.
-    pub fn unsubtracted(&self) -> &[(u32, u64)] {
-        &self.unsubtracted
-    }
-
-    /// Subtracts the held pages of `nodes` (every node with `None`).
-    pub fn settle_subtractions(&mut self, nodes: Option<&[u32]>) {
-        match nodes {
-            None => self.unsubtracted.clear(),
-            Some(ns) => self.unsubtracted.retain(|(n, _)| !ns.contains(n)),
-        }
+        self.lazy.pages()
     }
 
     fn pages(&self, size: u64) -> u64 {
@@ -736,17 +682,7 @@ impl Model {
     /// node, or back in the free tree. For a snapshot that lists as unpurged an area whose
     /// purge the records before it show. False when the area is not lazy.
     pub fn seed_purged(&mut self, addr: u64) -> bool {
-        let page = self.params.page_size;
-        let Some((node, _)) = self.lazy.find(addr) else {
-            return false;
-        };
-        let Some(area) = self.lazy.remove(node, addr, page) else {
-            return false;
-        };
-        if !self.try_pool(node, addr, area, false) {
-            let _ = self.free.release(addr, area.size);
-        }
-        true
+        self.purge_area(addr).is_some()
     }
 
     fn check_range(&self, addr: u64, size: u64) -> Result<(), ModelError> {
@@ -797,8 +733,7 @@ impl Model {
                 seq,
             },
             self.params.page_size,
-        ) + self.unsubtracted_pages()
-            + self.untracked_lazy;
+        );
         self.stats.frees += 1;
         let drain = nr_lazy > self.params.lazy_max_pages;
         if drain {
@@ -810,23 +745,6 @@ impl Model {
             node,
             size: area.size,
         })
-    }
-
-    /// `free_vmap_area_noflush` for an area of `size` bytes the model holds nothing for: one
-    /// outside the modelled range (the module area), or one the kernel placed where the model
-    /// had no room. `vmap_lazy_nr` counts every lazy free whatever its address, so its pages
-    /// join the backlog, and may schedule the drain, like any other's; without them every free
-    /// until the next purge reports fewer pages than the kernel's. They leave at the end of the
-    /// next purge, which the kernel's detach took them into. Returns the backlog and whether
-    /// it crossed `lazy_max_pages`.
-    pub fn free_untracked(&mut self, size: u64) -> (u64, bool) {
-        self.untracked_lazy += size / self.params.page_size;
-        let nr_lazy = self.lazy_pages();
-        let drain = nr_lazy > self.params.lazy_max_pages;
-        if drain {
-            self.stats.drains_triggered += 1;
-        }
-        (nr_lazy, drain)
     }
 
     /// `__purge_vmap_area_lazy(ULONG_MAX, 0, full)`: decay every node's pools, detach every
@@ -849,109 +767,80 @@ impl Model {
         self.purge_before(full, seqs[limit])
     }
 
-    /// Hidden ranges (see the field): start → size.
-    pub fn hidden(&self) -> &BTreeMap<u64, u64> {
-        &self.hidden
+    fn next_seq(&mut self) -> u64 {
+        self.free_seq += 1;
+        self.free_seq
     }
 
-    /// Marks `[addr, addr+size)`, free or pooled in the model, as hidden: replay found that
-    /// the kernel does not have it available. False if it is neither free nor pooled.
-    pub fn hide(&mut self, addr: u64, size: u64, node: u32) -> bool {
-        let ok =
-            self.pools.remove(addr, size, node).is_some() || self.free.claim(addr, size).is_ok();
-        if ok {
-            self.hidden.insert(addr, size);
-            if self
-                .released_by_purge
-                .get(&(addr, size))
-                .is_some_and(|&n| n >= STICKY_AFTER)
-            {
-                self.sticky.insert((addr, size));
-            }
-        }
-        ok
+    // The surgery interface. Observed-timing replay follows a kernel whose every step it does
+    // not see: where the trace shows the kernel's state differs from the model's, replay puts
+    // the model's state right with these, one range or area at a time. Each is a state change
+    // the kernel's own algorithm also makes somewhere (a range leaves the free tree or a pool,
+    // an area moves between a lazy tree and its purged place); none decides anything.
+
+    /// Takes `[addr, addr+size)` out of `node`'s pools (or any node's) or the free tree, to be
+    /// held outside the model by the caller, which must give it back
+    /// ([`Model::release_free`], [`Model::return_pooled`], [`Model::relazy_withdrawn`]) before
+    /// the model's invariants hold again. False, with nothing changed, if it is neither
+    /// pooled nor free.
+    pub fn withdraw(&mut self, addr: u64, size: u64, node: u32) -> bool {
+        self.pools.remove(addr, size, node).is_some() || self.free.claim(addr, size).is_ok()
     }
 
-    /// Takes the hidden range `[addr, addr+size)` out of the model's hiding, exactly that range,
-    /// for a caller that puts it elsewhere. False if no such range is hidden.
-    fn take_hidden(&mut self, addr: u64, size: u64) -> bool {
-        if self.hidden.get(&addr) != Some(&size) {
-            return false;
-        }
-        self.hidden.remove(&addr);
-        self.sticky.remove(&(addr, size));
-        true
+    /// [`Model::withdraw`] of a pool entry only: false unless it is pooled.
+    pub fn withdraw_pooled(&mut self, addr: u64, size: u64, node: u32) -> bool {
+        self.pools.remove(addr, size, node).is_some()
     }
 
-    /// Splits the hidden range starting at `addr` into hidden ranges of `piece` bytes each, for
-    /// replay to read them as pool entries one by one. The pieces are not sticky, even if the
-    /// range was (a purge gives them back): the kernel was just seen using the range. False,
-    /// and nothing changes, unless that range is longer than `piece` and a whole number of
-    /// pieces.
-    pub fn split_hidden(&mut self, addr: u64, piece: u64) -> bool {
-        let Some(&len) = self.hidden.get(&addr) else {
-            return false;
-        };
-        if piece == 0 || len <= piece || len % piece != 0 {
-            return false;
-        }
-        self.sticky.remove(&(addr, len));
-        for s in (addr..addr + len).step_by(piece as usize) {
-            self.hidden.insert(s, piece);
-        }
-        true
+    /// Merges a withdrawn range back into the free tree. False if it overlaps free space.
+    pub fn release_free(&mut self, addr: u64, size: u64) -> bool {
+        self.free.release(addr, size).is_ok()
     }
 
-    /// Returns every hidden range overlapping `[addr, addr+size)` to the free tree (the kernel
-    /// just used that space, so it was free or pooled there after all). True if any was.
-    pub fn unhide(&mut self, addr: u64, size: u64) -> bool {
-        let end = addr.saturating_add(size);
-        // Hidden ranges are disjoint (each was free or pooled space), so their ends rise with
-        // their starts: walking down from `end`, the first one that ends at or below `addr`
-        // has only such ones below it. Scanning every range below `end` instead made replay
-        // quadratic in the hidden ranges (minutes on a test_vmalloc recording).
-        let hit: Vec<(u64, u64)> = self
-            .hidden
-            .range(..end)
-            .rev()
-            .take_while(|(&s, &z)| s + z > addr)
-            .map(|(&s, &z)| (s, z))
-            .collect();
-        for &(s, z) in &hit {
-            self.hidden.remove(&s);
-            self.sticky.remove(&(s, z));
-            let _ = self.free.release(s, z);
-        }
-        !hit.is_empty()
+    /// Puts a withdrawn range at the head of `node`'s pool of `size`. False if there is no
+    /// such pool.
+    pub fn return_pooled(&mut self, node: u32, addr: u64, size: u64) -> bool {
+        self.pools.push_head(node, addr, size)
     }
 
-    /// Purges the `n` oldest lazy areas (in free order, on any node) without a decay: replay's
-    /// top-up of a purge whose batch came out smaller than the observed `npurged`. They go to
-    /// the pools or the free tree as `purge_vmap_node` would put them. Returns what it did.
-    pub fn purge_late_oldest(&mut self, n: usize) -> Purged {
-        if n == 0 {
-            return Purged::default();
-        }
-        let mut seqs: Vec<u64> = self.lazy.iter().map(|(_, _, a)| a.seq).collect();
-        seqs.sort_unstable();
-        let cutoff = seqs.get(n).copied().unwrap_or(self.free_seq + 1);
-        self.purge_late_before(cutoff)
+    /// Puts the pooled area `old` out and `new` in its place, at its position. False, with
+    /// nothing changed, if `old` is not pooled at `size`.
+    pub fn replace_pooled(&mut self, old: u64, new: u64, size: u64) -> bool {
+        self.pools.replace(old, new, size).is_some()
     }
 
-    /// Purges the one lazy area at `addr` as `purge_vmap_node` would (to its node's pool, or
-    /// the free tree): replay's join of an area to a purge that has already ended in the model,
-    /// when the kernel's batch held it. None, with nothing done, if `addr` is not lazy.
-    pub fn purge_late_area(&mut self, addr: u64) -> Option<PurgedArea> {
-        let page = self.params.page_size;
-        let (node, area) = self.lazy.find(addr)?;
-        self.lazy.remove(node, addr, page)?;
+    /// Takes the lazy area at `addr` off `node`'s lazy tree (and its pages out of the backlog),
+    /// leaving its range withdrawn.
+    pub fn take_lazy(&mut self, node: u32, addr: u64) -> Option<LazyArea> {
+        self.lazy.remove(node, addr, self.params.page_size)
+    }
+
+    /// Puts a withdrawn range on `node`'s lazy tree as `area`, its pages into the backlog.
+    pub fn put_lazy(&mut self, node: u32, addr: u64, area: LazyArea) {
+        self.lazy.insert(node, addr, area, self.params.page_size);
+    }
+
+    /// `purge_vmap_node`'s step for one area taken off a lazy tree ([`Model::take_lazy`]):
+    /// into `node`'s pool, or the free tree. False if neither took it.
+    pub fn place_purged(&mut self, node: u32, addr: u64, area: LazyArea) -> bool {
+        self.try_pool(node, addr, area, false) || self.free.release(addr, area.size).is_ok()
+    }
+
+    /// Purges the one lazy area at `addr` now, as `purge_vmap_node` would (to its node's pool,
+    /// or the free tree). None, with nothing done, if `addr` is not lazy.
+    pub fn purge_area(&mut self, addr: u64) -> Option<PurgedArea> {
+        let (node, _) = self.lazy.find(addr)?;
+        let area = self.take_lazy(node, addr)?;
         if !self.try_pool(node, addr, area, false) {
             let _ = self.free.release(addr, area.size);
         }
         Some(PurgedArea { addr, node, area })
     }
 
-    fn purge_late_before(&mut self, cutoff: u64) -> Purged {
+    /// `purge_vmap_node` on every node for its lazy areas freed before `cutoff` (see
+    /// [`LazyArea::seq`]), now, with no decay and no detach: the areas go to the pools or the
+    /// free tree as the kernel's loop puts them. Returns what it did.
+    pub fn purge_lazy_before(&mut self, cutoff: u64) -> Purged {
         let nodes = self.lazy.nodes();
         let mut p = PurgeInProgress {
             full: false,
@@ -970,275 +859,16 @@ impl Model {
         p.out
     }
 
-    /// Takes the pooled entry `addr` out of `node`'s pool of `size` into hiding, for replay to
-    /// put back at the head later ([`Model::restore_pooled`]): an entry `purge_vmap_node`'s
-    /// loop had not reached yet. False if it is not pooled there.
-    pub fn withhold_pooled(&mut self, addr: u64, size: u64, node: u32) -> bool {
-        if self.pools.remove(addr, size, node).is_none() {
-            return false;
-        }
-        self.hidden.insert(addr, size);
-        true
-    }
-
-    /// Puts hidden ranges back in `node`'s pool of `size`, the first of `addrs` at the head
-    /// (replay: a pool it hid as missing in the kernel turned out to be there). Returns how many
-    /// were.
-    pub fn restore_pooled(&mut self, node: u32, size: u64, addrs: &[u64]) -> u32 {
-        let mut n = 0;
-        for &a in addrs.iter().rev() {
-            if self.hidden.get(&a) == Some(&size) && self.pools.push_head(node, a, size) {
-                self.hidden.remove(&a);
-                n += 1;
-            }
-        }
-        n
-    }
-
-    /// Returns the hidden ranges to the free tree after a purge (what was hidden may have been
-    /// lazy in the kernel, waiting for this purge, while the model had purged it already),
-    /// except those hidden again after [`STICKY_AFTER`] purges gave them back.
-    pub fn unhide_after_purge(&mut self) {
-        let hidden = std::mem::take(&mut self.hidden);
-        for (s, z) in hidden {
-            if self.sticky.contains(&(s, z)) {
-                self.hidden.insert(s, z);
-            } else {
-                *self.released_by_purge.entry((s, z)).or_insert(0) += 1;
-                let _ = self.free.release(s, z);
-            }
-        }
-        if self.released_by_purge.len() > RELEASED_CAP {
-            self.released_by_purge.clear();
-        }
-    }
-
-    /// Returns every hidden range to the free tree: a full decay (shrinker or the failure
-    /// path) has emptied every kernel pool, where hidden ranges are assumed to sit.
-    pub fn unhide_all(&mut self) {
-        self.sticky.clear();
-        for (s, z) in std::mem::take(&mut self.hidden) {
-            let _ = self.free.release(s, z);
-        }
-    }
-
-    fn next_seq(&mut self) -> u64 {
-        self.free_seq += 1;
-        self.free_seq
-    }
-
-    /// Gives a purged area back to the lazy tree it came from (replay: the kernel's purge did
-    /// not include it, see [`Model::purge_oldest`]). It is taken out of the pool or the free
-    /// tree where the purge put it, or out of hiding: replay hides what the kernel shows it
-    /// does not have available, which an area still lazy there is. False when it is in none of
-    /// those (already reused).
+    /// Gives a purged area back to the lazy tree it came from (the kernel's purge did not
+    /// include it, see [`Model::purge_oldest`]): it is taken out of the pool or the free tree
+    /// where the purge put it. False, with nothing changed, when it is in neither (already
+    /// reused, or withdrawn).
     pub fn unpurge(&mut self, p: &PurgedArea) -> bool {
-        let size = p.area.size;
-        let taken = self.pools.remove(p.addr, size, p.node).is_some()
-            || self.free.claim(p.addr, size).is_ok()
-            || self.take_hidden(p.addr, size);
+        let taken = self.withdraw(p.addr, p.area.size, p.node);
         if taken {
-            self.lazy
-                .insert(p.node, p.addr, p.area, self.params.page_size);
+            self.put_lazy(p.node, p.addr, p.area);
         }
         taken
-    }
-
-    /// What [`Model::move_batch_tail`] would move: the newest areas of `from`'s batch adding up
-    /// to exactly `pages`, and as many of `to`'s oldest lazy areas (`(seq, addr, area)`,
-    /// oldest first). None when it could not.
-    #[allow(clippy::type_complexity)]
-    fn plan_batch_tail(
-        &self,
-        p: &PurgeInProgress,
-        from: u32,
-        pages: u64,
-        to: u32,
-    ) -> Option<(Vec<PurgedArea>, Vec<(u64, u64, LazyArea)>)> {
-        let page = self.params.page_size;
-        let held = |n: u32| {
-            self.unsubtracted
-                .iter()
-                .find(|&&(k, _)| k == n)
-                .map(|&(_, p)| p)
-        };
-        if from == to || held(to).is_none() || held(from).is_none_or(|h| h <= pages) {
-            return None;
-        }
-        let mut newest: Vec<PurgedArea> = p
-            .out
-            .batch
-            .iter()
-            .filter(|a| a.node == from)
-            .copied()
-            .collect();
-        newest.sort_unstable_by_key(|a| std::cmp::Reverse(a.area.seq));
-        let mut sum = 0;
-        let k = newest.iter().position(|a| {
-            sum += a.area.size / page;
-            sum >= pages
-        })?;
-        if sum != pages {
-            return None;
-        }
-        newest.truncate(k + 1);
-        let mut oldest: Vec<(u64, u64, LazyArea)> = self
-            .lazy
-            .iter()
-            .filter(|&(n, _, _)| n == to)
-            .map(|(_, addr, a)| (a.seq, addr, a))
-            .collect();
-        if oldest.len() < newest.len() {
-            return None;
-        }
-        oldest.sort_unstable_by_key(|&(seq, _, _)| seq);
-        oldest.truncate(newest.len());
-        Some((newest, oldest))
-    }
-
-    /// The pages node `to`'s held batch would gain from [`Model::move_batch_tail`] with these
-    /// arguments, without moving anything; None when the move could not be made.
-    pub fn batch_tail_gain(
-        &self,
-        p: &PurgeInProgress,
-        from: u32,
-        pages: u64,
-        to: u32,
-    ) -> Option<u64> {
-        let page = self.params.page_size;
-        self.plan_batch_tail(p, from, pages, to)
-            .map(|(_, oldest)| oldest.iter().map(|(_, _, a)| a.size / page).sum())
-    }
-
-    /// The detach race decided the other way between two nodes, while the purge's count is
-    /// right: the kernel detached `from`'s list before the newest frees the model put in its
-    /// batch, and node `to`'s after as many more of its own. Replay sees it when the backlog
-    /// drop that ended one node's loop differs from that node's deferred batch: `from`'s drop
-    /// below its batch, or `to`'s above its own. The newest areas of `from`'s batch that add up
-    /// to `pages` go back to its lazy tree, and as many of `to`'s oldest lazy areas join `to`'s
-    /// batch, pooled as its loop would, with the backlog held for `from` shrunk and for `to`
-    /// grown by their pages.
-    /// Both nodes must be purged with their subtraction deferred ([`Model::unsubtracted`]).
-    /// Returns how many areas moved each way; 0 when none could, or when not all could (an area
-    /// already reused: those that could have moved).
-    pub fn move_batch_tail(
-        &mut self,
-        p: &mut PurgeInProgress,
-        from: u32,
-        pages: u64,
-        to: u32,
-    ) -> usize {
-        let page = self.params.page_size;
-        let Some((newest, oldest)) = self.plan_batch_tail(p, from, pages, to) else {
-            return 0;
-        };
-        let mut moved = 0;
-        for (back, &(_, addr, area)) in newest.iter().zip(&oldest) {
-            if !self.unpurge(back) {
-                break;
-            }
-            let taken = self.lazy.remove(to, addr, page);
-            debug_assert!(taken.is_some(), "listed above");
-            if !self.try_pool(to, addr, area, false) && self.free.release(addr, area.size).is_err()
-            {
-                // Cannot happen for a lazy area (its range is neither free nor busy); undo.
-                self.lazy.insert(to, addr, area, page);
-                let _ = self.lazy.remove(back.node, back.addr, page);
-                let _ = self.free.release(back.addr, back.area.size);
-                break;
-            }
-            p.out.batch.retain(|a| a.addr != back.addr);
-            p.out.batch.push(PurgedArea {
-                addr,
-                node: to,
-                area,
-            });
-            p.out.pages = p.out.pages - back.area.size / page + area.size / page;
-            for (n, h) in self.unsubtracted.iter_mut() {
-                if *n == from {
-                    *h -= back.area.size / page;
-                } else if *n == to {
-                    *h += area.size / page;
-                }
-            }
-            moved += 1;
-        }
-        // A partial move leaves the model consistent, but not settled by this drop.
-        if moved == newest.len() {
-            moved
-        } else {
-            0
-        }
-    }
-
-    /// [`Model::swap_purged`] for areas of any sizes (replay: the backlog after a purge shows
-    /// by how many pages the kernel's batch differed): `instead` comes back to its lazy tree,
-    /// and the lazy area at `addr` is purged in its place, into its node's pool (at `instead`'s
-    /// place when they share a pool) or the free tree. False, with nothing changed, when either
-    /// is not where it should be.
-    pub fn swap_purged_sized(&mut self, addr: u64, instead: &PurgedArea) -> bool {
-        let page = self.params.page_size;
-        let Some((node, area)) = self.lazy.find(addr) else {
-            return false;
-        };
-        if addr == instead.addr {
-            return false;
-        }
-        if area.size == instead.area.size {
-            return self.swap_purged(addr, instead);
-        }
-        if !self.unpurge(instead) {
-            return false;
-        }
-        let taken = self.lazy.remove(node, addr, page);
-        debug_assert!(taken.is_some(), "found above");
-        if !self.try_pool(node, addr, area, false) && self.free.release(addr, area.size).is_err() {
-            // Cannot happen for a lazy area (its range is neither free nor busy); undo.
-            self.lazy.insert(node, addr, area, page);
-            let _ = self.lazy.remove(instead.node, instead.addr, page);
-            let _ = self.free.release(instead.addr, instead.area.size);
-            return false;
-        }
-        true
-    }
-
-    /// The kernel's purge took the lazy area at `addr` where the model's took `instead`, an
-    /// area of the same size: the detach race picked a different set than free order says (the
-    /// kernel detaches the nodes' lazy lists one after another, so a node detached later has
-    /// newer frees in its batch and the other node fewer). Swaps them: `instead` comes back to
-    /// its lazy tree from the pool or free tree its purge put it in, and `addr` leaves its lazy
-    /// tree for the free tree, so the backlog and the purge's count are unchanged. False, with
-    /// nothing changed, when either is not where it should be.
-    pub fn swap_purged(&mut self, addr: u64, instead: &PurgedArea) -> bool {
-        let page = self.params.page_size;
-        let Some((node, area)) = self.lazy.find(addr) else {
-            return false;
-        };
-        if area.size != instead.area.size || addr == instead.addr {
-            return false;
-        }
-        // Where the model's purge pooled `instead`, the kernel's pooled `addr`: it takes
-        // `instead`'s place in the pool, so that the kernel's pick of it is a pool hit.
-        if self.pools.replace(instead.addr, addr, area.size).is_some() {
-            self.lazy
-                .insert(instead.node, instead.addr, instead.area, page);
-            let taken = self.lazy.remove(node, addr, page);
-            debug_assert!(taken.is_some(), "found above");
-            return true;
-        }
-        if !self.unpurge(instead) {
-            return false;
-        }
-        let taken = self.lazy.remove(node, addr, page);
-        debug_assert!(taken.is_some(), "found above");
-        if self.free.release(addr, area.size).is_err() {
-            // Cannot happen for a lazy area (its range is neither free nor busy); undo.
-            self.lazy.insert(node, addr, area, page);
-            let _ = self.lazy.remove(instead.node, instead.addr, page);
-            let _ = self.free.release(instead.addr, instead.area.size);
-            return false;
-        }
-        true
     }
 
     fn purge_before(&mut self, full: bool, cutoff: u64) -> Purged {
@@ -1390,9 +1020,6 @@ impl Model {
 
     fn purge_start_at(&mut self, full: bool, cutoff: u64, decay_now: bool) -> PurgeInProgress {
         let mut out = Purged::default();
-        if full {
-            self.unhide_all();
-        }
         self.stats.purges += 1;
         self.locks.vmap_purge_lock += 1;
         let lazy_nodes = self.lazy.nodes();
@@ -1549,9 +1176,6 @@ impl Model {
             }
         }
         self.lazy.subtract(node_pages);
-        if self.defer_sub && node_pages > 0 {
-            self.unsubtracted.push((node, node_pages));
-        }
         let out = &mut p.out;
         out.pages += node_pages;
         out.pooled += pooled_here;
@@ -1570,7 +1194,6 @@ impl Model {
         while let Some(&node) = p.remaining.first() {
             self.purge_node(&mut p, node);
         }
-        self.untracked_lazy = 0;
         let mut out = p.out;
         out.to_free_tree += out.decayed;
         out
@@ -1581,34 +1204,9 @@ impl Model {
     /// objects returned.
     pub fn shrink(&mut self) -> u32 {
         self.locks.vmap_purge_lock += 1;
-        self.unhide_all();
         (0..self.params.layout.nr_nodes())
             .map(|node| self.decay_node(node, true))
             .sum()
-    }
-
-    /// Whether `[addr, addr+size)` overlaps a pooled area (slow: replay diagnostics only).
-    pub fn overlaps_pooled(&self, addr: u64, size: u64) -> bool {
-        let end = addr.saturating_add(size);
-        self.pools.iter().any(|(_, s, z)| s < end && addr < s + z)
-    }
-
-    /// Returns the pooled areas overlapping `[addr, addr+size)` to the free tree, as a decay
-    /// would (replay: the kernel had that range free while the model held it pooled). Returns
-    /// how many there were.
-    pub fn decay_overlapping(&mut self, addr: u64, size: u64) -> u32 {
-        let end = addr.saturating_add(size);
-        let hit: Vec<(u32, u64, u64)> = self
-            .pools
-            .iter()
-            .filter(|&(_, s, z)| s < end && addr < s + z)
-            .collect();
-        for &(node, s, z) in &hit {
-            if self.pools.remove(s, z, node).is_some() {
-                let _ = self.free.release(s, z);
-            }
-        }
-        hit.len() as u32
     }
 
     /// `node_pool_add_va` as called from `purge_vmap_node`.
@@ -1637,6 +1235,12 @@ impl Model {
     /// range exactly, the lazy counter equals the lazy pages, and every mapped page lies in a
     /// counted page-table slot. Returns the first violation found.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_invariants_with(&BTreeMap::new())
+    }
+
+    /// [`Model::check_invariants`] with the ranges a caller holds withdrawn
+    /// ([`Model::withdraw`]; start → size) counted in the coverage.
+    pub fn check_invariants_with(&self, withdrawn: &BTreeMap<u64, u64>) -> Result<(), String> {
         let mut spans: Vec<(u64, u64, &'static str)> = Vec::new();
         spans.extend(self.free.iter().map(|(s, e)| (s, e, "free")));
         spans.extend(self.busy.iter().map(|(&s, a)| (s, s + a.size, "busy")));
@@ -1646,7 +1250,7 @@ impl Model {
             spans.push((s, s + a.size, "lazy"));
         }
         spans.extend(self.pools.iter().map(|(_, s, z)| (s, s + z, "pooled")));
-        spans.extend(self.hidden.iter().map(|(&s, &z)| (s, s + z, "hidden")));
+        spans.extend(withdrawn.iter().map(|(&s, &z)| (s, s + z, "withdrawn")));
         for (_, cut) in &self.decaying {
             spans.extend(cut.iter().map(|&(s, z)| (s, s + z, "decaying")));
         }

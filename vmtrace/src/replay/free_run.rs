@@ -346,7 +346,7 @@ impl FreeRunner {
                 tails[i] = *t;
             }
         }
-        let mut model = seeder.model;
+        let mut model = seeder.model.into_model();
         // Free-running replay never resynchronises with the trace: no pool lookups to index.
         model.index_pools(false);
         model.log_locks();

@@ -27,6 +27,7 @@ pub mod live;
 pub mod lookahead;
 mod purge;
 mod report;
+pub mod tracked;
 pub mod validate;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -302,7 +303,7 @@ pub struct Report {
     pub detach_step_fitted_ns: Option<u64>,
     pub detach_step_fit_purges: usize,
     /// Node loops whose end showed a drop below the node's batch, settled by trading its
-    /// newest areas for the other node's oldest lazy ones (`Model::move_batch_tail`).
+    /// newest areas for the other node's oldest lazy ones (`TrackedModel::move_batch_tail`).
     pub batch_tails_moved: u64,
     /// Of `purge_swaps`, those whose purged area came from a batch older than the last two.
     pub purge_swaps_older: u64,
@@ -318,7 +319,7 @@ pub struct Report {
     pub loop_entries_caught_up: u64,
     /// Lazy areas the model added to a purge's batch at its event, when the batch (fixed at
     /// the drain item's start and split by node) came out smaller than the observed `npurged`
-    /// (`Model::purge_late_oldest`).
+    /// (`TrackedModel::purge_late_oldest`).
     pub purged_late: u64,
     /// Early purges applied node by node at different points: a free saw one node's
     /// decrement of `vmap_lazy_nr` but not yet the other's.
@@ -636,7 +637,7 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
 }
 
 struct Replayer<'o> {
-    model: Model,
+    model: tracked::TrackedModel,
     opts: &'o ReplayOptions,
     line: usize,
     snapshot_start: u64,
@@ -805,7 +806,7 @@ impl<'o> Replayer<'o> {
         model.index_pools(true);
         let nodes = model.params().layout.nr_nodes() as usize;
         Self {
-            model,
+            model: tracked::TrackedModel::new(model),
             opts,
             start_lazy: None,
             detach_frees: Vec::new(),
@@ -1409,7 +1410,7 @@ impl<'o> Replayer<'o> {
         let strict_ok = self.model.lazy_pages() + own_pages == f.nr_lazy;
         self.nr_lazy_exact.add(strict_ok);
         // Nodes purged on a reuse keep their pages in the backlog until the kernel's subtraction
-        // shows (`Model::defer_subtraction`), even once every node is purged: without this the
+        // shows (`TrackedModel::defer_subtraction`), even once every node is purged: without this the
         // drop goes unseen until the purge event, and every free in between disagrees.
         let settling = !self.model.unsubtracted().is_empty();
         if (self.drain_pending || self.early.is_some()) && (self.early_open() || settling) {
@@ -1767,7 +1768,7 @@ impl<'o> Replayer<'o> {
 
     /// A node's loop ended with a drop below its deferred batch, while the purge's count is
     /// right: the detach race went the other way for its newest frees
-    /// ([`Model::move_batch_tail`], with the one other node still held). Without it every node
+    /// ([`tracked::TrackedModel::move_batch_tail`], with the one other node still held). Without it every node
     /// is subtracted and each free until the purge event disagrees by the other node's batch.
     /// The race also goes the other way round: a drop above the node's batch and below both
     /// nodes' together is that node's batch grown by its next frees, and the other's shrunk by

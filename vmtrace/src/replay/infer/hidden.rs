@@ -23,7 +23,7 @@ impl Replayer<'_> {
     /// was empty, and (b) every model-free block below `addr` that could hold the request was
     /// not free in the kernel. Both are space the trace never showed: pool entries from before
     /// the trace (vmallocinfo does not list pooled areas) or diverged pool histories. They are
-    /// hidden until the kernel uses them ([`Model::unhide`]).
+    /// hidden until the kernel uses them ([`crate::replay::tracked::TrackedModel::unhide`]).
     pub(in crate::replay) fn hide_unavailable(
         &mut self,
         req: &AllocRequest,
