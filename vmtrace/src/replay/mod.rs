@@ -25,7 +25,6 @@ pub mod free_run;
 pub mod infer;
 pub mod live;
 pub mod lookahead;
-mod purge;
 mod report;
 pub mod tracked;
 pub mod validate;
@@ -41,8 +40,8 @@ use crate::model::{
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 use detach::{Detach, StepFit};
+use infer::nodes_summing_to;
 use lookahead::{DrainItem, DrainLookup, Lookahead};
-use purge::nodes_summing_to;
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
 pub use report::{render_comparison, render_fit, render_text};
@@ -384,43 +383,6 @@ pub struct DrainWork {
     /// purge event if later) and its event. The kernel leaves those freed after its real detach
     /// for the next purge; the model purges them all (see docs/inference.md, "The detach race").
     pub frees_after_work_start: u64,
-}
-
-/// The purged areas of `size` that [`Replayer::swap_purged`] tries, in order: those of the last
-/// two batches (and the purge in progress), newest first, then those of each older batch in
-/// turn (with its index in `older`), newest first. The older ones are a last resort: a reused
-/// area can have its counterpart only there, and without it every free until the next purge
-/// disagrees.
-fn swap_candidates<'a>(
-    recent: impl Iterator<Item = &'a crate::model::PurgedArea>,
-    older: &'a VecDeque<Vec<crate::model::PurgedArea>>,
-    size: u64,
-) -> impl Iterator<Item = (Option<usize>, crate::model::PurgedArea)> + 'a {
-    fn newest_first(
-        mut v: Vec<(Option<usize>, crate::model::PurgedArea)>,
-    ) -> Vec<(Option<usize>, crate::model::PurgedArea)> {
-        v.sort_by_key(|(_, p)| std::cmp::Reverse(p.area.seq));
-        v
-    }
-    let first = newest_first(
-        recent
-            .filter(|p| p.area.size == size)
-            .map(|p| (None, *p))
-            .collect(),
-    );
-    // Each older batch is gathered and sorted only when the ones before it had no candidate
-    // that fits: when the model has drifted, the batches hold tens of thousands of areas.
-    first
-        .into_iter()
-        .chain(older.iter().enumerate().flat_map(move |(i, batch)| {
-            newest_first(
-                batch
-                    .iter()
-                    .filter(|p| p.area.size == size)
-                    .map(|p| (Some(i), *p))
-                    .collect(),
-            )
-        }))
 }
 
 /// Most free times remembered since the last purge event, for
@@ -1687,71 +1649,6 @@ impl<'o> Replayer<'o> {
         Ok(())
     }
 
-    /// A purge's batch came out short of the kernel's `npurged` with no lazy area left in the
-    /// model to make it up: some area the kernel purged had not reached the model yet. In
-    /// `free_vmap_area_noflush` the free adds its pages to `vmap_lazy_nr` and inserts its area
-    /// in the lazy tree before its tracepoint fires, so a vCPU descheduled in between sends its
-    /// free's event after a purge that took the area (4 ms later on a test_vmalloc recording
-    /// in the 4-vCPU TCG guest). Such a free shows it: the `nr_lazy` it reports still holds
-    /// the purge's pages (at least those pages plus its own), while the model's backlog before
-    /// it is below them. Its area joins the purge's batch; without that it stayed lazy in the
-    /// model through every later purge (each takes exactly `npurged` areas), and every later
-    /// free reported a backlog one area below the model's.
-    fn join_owed(&mut self, addr: u64, size: u64, predicted: u64, reported: u64) {
-        let Some((left, pages)) = self.owed_joins.as_mut() else {
-            return;
-        };
-        let own = size / self.model.params().page_size;
-        let before = predicted.saturating_sub(own);
-        if reported < *pages + own || before >= *pages {
-            return;
-        }
-        if let Some(area) = self.model.purge_late_area(addr) {
-            self.late_purged += 1;
-            self.last_batch.push(area);
-            *left -= 1;
-        }
-        if *left == 0 {
-            self.owed_joins = None;
-        }
-    }
-
-    /// The kernel allocated exactly an area the model still holds lazy, with no purge of it
-    /// pending: the kernel's last purge took it, and left lazy one the model's purge took (the
-    /// detach race: the kernel detaches the nodes' lazy lists one after another, while the
-    /// model's batch follows free order). Swaps it for the newest area of the same size in the
-    /// model's last batch (the in-progress early purge's included) that is still pooled or
-    /// free, so the model's lazy set follows the kernel's from here on; without the swap the
-    /// area stayed outside the model, and its free went missing from every later backlog.
-    fn swap_purged(&mut self, addr: u64, size: u64) -> bool {
-        // The kernel may reuse the start of the purged area for a smaller one (a 9-page area
-        // reused for 8 pages): the swap is by the lazy area's size, or every free until the
-        // next purge disagrees.
-        let size = match self.model.lazy().find(addr) {
-            Some((_, a)) if a.size >= size => a.size,
-            _ => return false,
-        };
-        let in_progress = self.early.as_ref().map(|e| e.so_far().batch.as_slice());
-        let recent = self
-            .last_batch
-            .iter()
-            .chain(&self.prev_batch)
-            .chain(in_progress.unwrap_or_default());
-        let model = &mut self.model;
-        let Some((older, c)) = swap_candidates(recent, &self.older_batches, size)
-            .find(|(_, c)| model.swap_purged(addr, c))
-        else {
-            return false;
-        };
-        self.last_batch.retain(|p| p.addr != c.addr);
-        self.prev_batch.retain(|p| p.addr != c.addr);
-        if let Some(i) = older {
-            self.older_batches[i].retain(|p| p.addr != c.addr);
-            self.swapped_older += 1;
-        }
-        true
-    }
-
     /// Whether `[addr, addr+size)` overlaps an area the model still holds as lazy.
     fn lazy_overlaps(&self, addr: u64, size: u64) -> bool {
         let end = addr.saturating_add(size);
@@ -1766,45 +1663,6 @@ impl<'o> Replayer<'o> {
         self.model.lazy().overlaps(addr, end)
     }
 
-    /// A node's loop ended with a drop below its deferred batch, while the purge's count is
-    /// right: the detach race went the other way for its newest frees
-    /// ([`tracked::TrackedModel::move_batch_tail`], with the one other node still held). Without it every node
-    /// is subtracted and each free until the purge event disagrees by the other node's batch.
-    /// The race also goes the other way round: a drop above the node's batch and below both
-    /// nodes' together is that node's batch grown by its next frees, and the other's shrunk by
-    /// as many of its newest. That is settled only when the areas that would join add up to the
-    /// difference exactly (one small area of the other node's batch that was the finishing
-    /// node's otherwise leaves every free until the event thousands of pages off). True when
-    /// the drop is settled either way.
-    fn move_batch_tail(&mut self, dropped: u64, held: &[(u32, u64)]) -> bool {
-        let (Some(p), [a, b]) = (self.early.as_mut(), held) else {
-            return false;
-        };
-        for &((from, pages), (to, _)) in &[(*a, *b), (*b, *a)] {
-            if pages > dropped && self.model.move_batch_tail(p, from, pages - dropped, to) > 0 {
-                self.model.settle_subtractions(Some(&[from]));
-                self.batch_tails_moved += 1;
-                return true;
-            }
-        }
-        for &((ended, pages), (other, other_pages)) in &[(*a, *b), (*b, *a)] {
-            let Some(more) = dropped
-                .checked_sub(pages)
-                .filter(|&m| m > 0 && m < other_pages)
-            else {
-                continue;
-            };
-            if self.model.batch_tail_gain(p, other, more, ended) == Some(more)
-                && self.model.move_batch_tail(p, other, more, ended) > 0
-            {
-                self.model.settle_subtractions(Some(&[ended]));
-                self.batch_tails_moved += 1;
-                return true;
-            }
-        }
-        false
-    }
-
     /// The strict figures, meaningful when this replayer is the causal one.
     fn strict(&self) -> Strict {
         Strict {
@@ -1812,26 +1670,6 @@ impl<'o> Replayer<'o> {
             placement_after_warmup: self.placement_warm,
             nr_lazy: self.nr_lazy_exact,
             npurged: self.npurged,
-        }
-    }
-
-    /// Causal resync after an `npurged` miss where the model's batch was larger than the
-    /// kernel's: a purge the causal replay could only start at the first event that showed it
-    /// took the frees that raced the kernel's detach, which the kernel left for its next batch.
-    /// The `excess` newest areas of the batch go back to the lazy lists; without this the
-    /// model's backlog stays that many areas below the kernel's until the next purge (on a
-    /// 20 s fix-size recording, one or two 18-page areas on 1163 of 1398 intervals).
-    fn give_back_newest(&mut self, got: &mut crate::model::Purged, excess: u32) {
-        let page = self.model.params().page_size;
-        let mut newest = got.batch.clone();
-        newest.sort_unstable_by_key(|b| std::cmp::Reverse(b.area.seq));
-        for b in newest.iter().take(excess as usize) {
-            if self.model.unpurge(b) {
-                got.batch.retain(|x| x.addr != b.addr);
-                got.npurged -= 1;
-                got.pages = got.pages.saturating_sub(b.area.size / page);
-                self.batch_given_back += 1;
-            }
         }
     }
 
@@ -1975,34 +1813,6 @@ mod tests {
         assert!(
             five_level(0xff78_b1b7_8000_0000),
             "5-level base a KASLR guest had"
-        );
-    }
-
-    #[test]
-    fn swap_candidates_try_the_recent_batches_first_then_each_older_one() {
-        let area = |addr: u64, size: u64, seq: u64| crate::model::PurgedArea {
-            addr,
-            node: 0,
-            area: crate::model::LazyArea { size, tag: 1, seq },
-        };
-        let recent = [area(1, 8, 5), area(2, 4, 6), area(3, 8, 9)];
-        let older: VecDeque<_> = vec![
-            vec![area(4, 8, 3), area(5, 4, 4), area(6, 8, 4)],
-            vec![area(7, 8, 1)],
-        ]
-        .into();
-        let got: Vec<(Option<usize>, u64)> = swap_candidates(recent.iter(), &older, 8)
-            .map(|(i, p)| (i, p.addr))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                (None, 3),
-                (None, 1),
-                (Some(0), 6),
-                (Some(0), 4),
-                (Some(1), 7)
-            ]
         );
     }
 

@@ -10,7 +10,7 @@
 //! - **Counter**: none of its own; `nr_lazy_reordered` counts every free an order rule explained.
 
 use super::super::lookahead::DrainLookup;
-use super::super::purge::{node_sets, nodes_summing_to};
+use super::{node_sets, nodes_summing_to};
 use crate::replay::Replayer;
 
 impl Replayer<'_> {

@@ -17,6 +17,18 @@ use crate::model::AllocRequest;
 use crate::replay::{HiddenPool, Replayer};
 
 impl Replayer<'_> {
+    /// Puts every pool hidden whole since the last purge back, in its order, before a purge
+    /// decays the pools: the kernel decays `len >> 2` entries from each pool's head, so a pool
+    /// the model holds shorter than the kernel's decays other entries.
+    pub(in crate::replay) fn restore_hidden_pools(&mut self) {
+        for h in std::mem::take(&mut self.hidden_pools) {
+            if h.back_before_decay {
+                self.pools_restored +=
+                    u64::from(self.model.restore_pooled(h.node, h.size, &h.entries));
+            }
+        }
+    }
+
     /// The kernel took `addr` from its free tree although the model offered something else.
     /// With `align <= PAGE_SIZE` the kernel's pick is its lowest fitting free block, and a
     /// pool hit is preferred to it, so (a) when the model offered a pool hit, the kernel's pool

@@ -1,17 +1,36 @@
 //! Observed-timing replay's inference rules (docs/inference.md gives one section each).
 //!
-//! The rules on placement and on the backlog's order have a file each here: `hidden` (hidden
-//! ranges), `add_order` and `across_purge` (backlogs a free reports out of the model's order).
-//! The purge rules still live on `Replayer` in `replay/purge.rs` and `replay/mod.rs`. What
-//! every rule was tuned with lives in [`InferenceParams`], so that a sweep or a held-out check
-//! changes one value in one struct rather than a constant in a file. Every default below was chosen on recordings of the 2-CPU
+//! Each file here is one rule or a family of rules that share their state, and says what it
+//! observes, what it infers, its parameters and its counters:
+//! - purges: `start_at_work` (the drain item and the decays node by node), `joins` (frees that
+//!   race the detach), `early_purge` (purges applied before their event, and the batch tails
+//!   moved between nodes), `loop_pacing` (the pace of `purge_vmap_node`'s loops), `reconcile`
+//!   (a batch against the backlog it left), `swaps` (purge swaps), `give_back` (causal replay's
+//!   give-back of the newest areas);
+//! - the backlog's order: `add_order`, `across_purge`;
+//! - placement: `hidden` (hidden ranges and the pools put back).
+//!
+//! Their state about the model (hidden ranges, held subtractions) is kept by
+//! `replay/tracked.rs`; the rest is on `Replayer`. What every rule was tuned with lives in
+//! [`InferenceParams`], so that a sweep or a held-out check changes one value in one struct
+//! rather than a constant in a file. Every default below was chosen on recordings of the 2-CPU
 //! 6.18 reference machine; docs/fidelity.md gives the train/test split any change is judged on.
 
 use serde::Serialize;
 
 mod across_purge;
 mod add_order;
+mod early_purge;
+mod give_back;
 mod hidden;
+mod joins;
+mod loop_pacing;
+mod node_sets;
+mod reconcile;
+mod start_at_work;
+mod swaps;
+
+pub(in crate::replay) use node_sets::{node_sets, nodes_summing_to};
 
 /// An `--infer NAME=N` that names no parameter or has no valid value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

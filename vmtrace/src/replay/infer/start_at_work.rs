@@ -1,0 +1,92 @@
+//! A purge started at its drain item, and its pools decayed node by node (docs/inference.md,
+//! "Purge started at its drain item" and "Decay node by node").
+//!
+//! - **Observes** the `work` record of the drain item that ran the coming purge event (read
+//!   ahead: the kernel writes it after the item), its start, TLB-flush time and decay times.
+//! - **Infers** that the kernel decayed the pools and detached the lazy lists from the item's
+//!   start, and cuts each node's pools when the kernel's clock says that node's decay began.
+//! - **Parameters**: the detach step fitted by `StepFit` (`replay/detach.rs`).
+//! - **Counter**: `purges_started_at_work` in the replay report.
+
+use crate::replay::detach::Detach;
+use crate::replay::lookahead::DrainLookup;
+use crate::replay::Replayer;
+
+impl Replayer<'_> {
+    /// The drain work item that runs the coming purge event started before `ts`: the kernel
+    /// decayed the pools and detached the lazy lists right after (`__purge_vmap_area_lazy`
+    /// begins with them), so events from here on see the decayed pools and their frees go to
+    /// the next batch. Starts the model's purge there.
+    pub(in crate::replay) fn start_at_work(&mut self, ts: u64, ahead: &dyn DrainLookup) {
+        self.decay_due(ts);
+        if self.early.is_some() || self.pending_failure.is_some() {
+            return;
+        }
+        let Some(event) = ahead.next_purge() else {
+            return;
+        };
+        // Looked up once per purge event, not on every allocation and free before it (a miss
+        // is asked again: the item's record may not have been read ahead yet).
+        let item = match self.next_item {
+            Some((e, item)) if e == event => item,
+            _ => {
+                let Some(item) = ahead.drain_holding(event.0, event.1) else {
+                    return;
+                };
+                self.next_item = Some((event, item));
+                item
+            }
+        };
+        let start = item.start_ns;
+        if start > ts || start < self.last_purge_ts {
+            return;
+        }
+        self.restore_hidden_pools();
+        self.early_lazy_before = Some(self.model.lazy().objects());
+        let d = Detach {
+            start,
+            flush: item.flush_ns.filter(|&f| f >= start),
+            decays: ahead.decays_in(&item),
+            step: self.step_fit.step(),
+        };
+        self.start_lazy = self.early_lazy_before;
+        self.detach_frees.clear();
+        self.detach = Some(d);
+        self.early_is_split = false;
+        let limit = ahead
+            .next_npurged()
+            .map(|n| n.saturating_sub(self.foreign_lazy) as usize);
+        // Every node's decay follows the kernel's clock (`decay_due`): its pools are cut right
+        // after the previous node's detach (node 0: at the start), and the cut entries reach
+        // the free tree at its own detach. Decaying every node at the start cuts a later
+        // node's pool from the wrong length, and freeing the cut entries at once offers the
+        // free tree space the kernel has not merged back yet; both mispredict placements.
+        let mut early = self.model.purge_start_deferring(limit);
+        self.plan_joins(&mut early, ahead);
+        self.early = Some(early);
+        self.work_starts += 1;
+        self.decay_due(ts);
+    }
+
+    /// Decays the pools of the started purge's nodes whose decay time has come by `ts`.
+    pub(in crate::replay) fn decay_due(&mut self, ts: u64) {
+        let (Some(p), Some(d)) = (self.early.as_mut(), self.detach.as_ref()) else {
+            return;
+        };
+        let nodes = self.model.params().layout.nr_nodes();
+        let due: Vec<u32> = p
+            .undecayed()
+            .iter()
+            .copied()
+            .filter(|&n| d.decay_at(n, nodes, self.opts) <= ts)
+            .collect();
+        for node in due {
+            self.model.decay_begin(p, node);
+        }
+        for node in self.model.decaying_nodes() {
+            if d.at(node, nodes, self.opts) <= ts {
+                self.model.decay_end(p, node);
+            }
+        }
+    }
+}
