@@ -96,7 +96,7 @@ impl Params {
     /// arch/x86/include/asm/pgtable_64_types.h): a 5-level base (0xffa0… before KASLR
     /// moves it down) lies below the 4-level kernel half, a 4-level base (0xffffc9…) inside it.
     pub fn five_level_base(vmalloc_start: u64) -> bool {
-        vmalloc_start < pagetable::KERNEL_HALF_4LEVEL
+        vmalloc_start < crate::trace::addr::KERNEL_HALF_4LEVEL
     }
 
     /// End (exclusive) of the space the model manages: the last page below `VMALLOC_END` can

@@ -9,11 +9,6 @@
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// The lowest address of the kernel half with 4-level page tables (48-bit canonical). A
-/// VMALLOC range below it can only come from a 5-level kernel (its base is 0xffa0… before
-/// KASLR moves it down).
-pub const KERNEL_HALF_4LEVEL: u64 = 0xffff_8000_0000_0000;
-
 const PMD_SHIFT: u32 = 21;
 const PUD_SHIFT: u32 = 30;
 const P4D_SHIFT: u32 = 39;

@@ -26,6 +26,8 @@ pub mod infer;
 pub mod live;
 pub mod lookahead;
 mod report;
+#[cfg(test)]
+mod testkit;
 pub mod tracked;
 pub mod validate;
 
@@ -1799,8 +1801,9 @@ fn total_tables(c: &SlotCounts) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::testkit::trace;
     use super::*;
-    use crate::synth::{generate, SynthParams, VMALLOC_START};
+    use crate::synth::VMALLOC_START;
 
     #[test]
     fn the_vmalloc_base_tells_the_paging_mode() {
@@ -1814,59 +1817,6 @@ mod tests {
             five_level(0xff78_b1b7_8000_0000),
             "5-level base a KASLR guest had"
         );
-    }
-
-    /// A small synthetic trace on 2 CPUs: header with 2 nodes of 16-page zones.
-    fn trace() -> Vec<u8> {
-        let p = SynthParams {
-            mask: 3,
-            threads: 2,
-            cpus: 2,
-            loops: 30,
-            busy_list: 10,
-            nr_pages: 2,
-            ..SynthParams::default()
-        };
-        let mut out = Vec::new();
-        generate(&p, vec!["test".into()], &mut out).expect("synth");
-        out
-    }
-
-    /// `give_back_newest`: a batch larger than the kernel's `npurged` returns its newest areas
-    /// (the frees that raced the kernel's detach) to the lazy lists, oldest kept purged.
-    #[test]
-    fn an_over_large_batch_gives_its_newest_areas_back() {
-        let bytes = trace();
-        let opts = ReplayOptions::default();
-        let params = open(&bytes[..], &opts).expect("open").params;
-        let (start, end) = (params.vmalloc_start, params.vmalloc_end);
-        let mut r = Replayer::new(Model::new(params).expect("model"), &opts);
-        let mut addrs = Vec::new();
-        for _ in 0..3 {
-            let req = AllocRequest {
-                size: 3 * 4096,
-                align: 1,
-                vstart: start,
-                vend: end,
-                cpu: 0,
-                retry: false,
-                guard: true,
-            };
-            let got = r.model.alloc(&req).expect("request").expect("space");
-            addrs.push(got.addr);
-        }
-        for &a in &addrs {
-            r.model.free(a).expect("busy");
-        }
-        let mut got = r.model.purge_oldest(false, 3);
-        assert_eq!(got.npurged, 3);
-        r.give_back_newest(&mut got, 1);
-        assert_eq!((got.npurged, r.batch_given_back), (2, 1));
-        assert_eq!(got.pages, 2 * 3);
-        // The newest free is lazy again, with its pages back in the backlog; the older stay purged.
-        assert!(r.model.lazy().find(addrs[2]).is_some());
-        assert!(r.model.lazy().find(addrs[0]).is_none() && r.model.lazy().find(addrs[1]).is_none());
-        assert_eq!(r.model.lazy_pages(), 3);
     }
 
     /// The synth trace with an area the snapshot lists as unpurged, and records before the
@@ -1920,68 +1870,6 @@ mod tests {
             "{:?} against {:?}",
             kept.strict.nr_lazy,
             fixed.strict.nr_lazy
-        );
-    }
-
-    /// The synth trace with the last free before its first purge of more than one area
-    /// moved to just after that purge, as a vCPU descheduled between the free's counter update
-    /// and its tracepoint sends it. With `counted`, the free reports the `nr_lazy` it had (the
-    /// purge's pages still in it); without, a backlog the purge had already subtracted from,
-    /// which no such race gives.
-    fn with_late_free(counted: bool) -> Vec<u8> {
-        let text = String::from_utf8(trace()).expect("utf-8");
-        let mut lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("json"))
-            .collect();
-        let purge = lines
-            .iter()
-            .position(|v| v["type"] == "purge" && v["npurged"].as_u64() > Some(1))
-            .expect("a purge of more than one area");
-        let free = lines[..purge]
-            .iter()
-            .rposition(|v| v["type"] == "free")
-            .expect("a free before it");
-        let mut late = lines.remove(free);
-        late["ts_ns"] = (lines[purge - 1]["ts_ns"].as_u64().expect("ts") + 1).into();
-        if !counted {
-            late["nr_lazy"] = 1.into();
-        }
-        lines.insert(purge, late);
-        let mut out = String::new();
-        for v in lines {
-            out += &format!("{v}\n");
-        }
-        out.into_bytes()
-    }
-
-    /// `join_owed`: a free whose event comes after the purge that took its area joins that
-    /// purge's batch when its `nr_lazy` still holds the purge's pages, and the backlog agrees
-    /// on every later free as on the trace in order. The same free reporting a backlog from
-    /// after the subtraction does not join: the area stays lazy in the model through every
-    /// later purge, and the later frees disagree.
-    #[test]
-    fn a_free_whose_event_follows_the_purge_that_took_it_joins_that_batch() {
-        let opts = ReplayOptions::default();
-        let plain = replay(&trace()[..], &opts).expect("replay");
-        let joined = replay(&with_late_free(true)[..], &opts).expect("replay");
-        let stuck = replay(&with_late_free(false)[..], &opts).expect("replay");
-        assert_eq!(plain.strict.nr_lazy.agreed, plain.strict.nr_lazy.compared);
-        // The moved free itself reports the backlog before the purge: one miss.
-        assert_eq!(
-            joined.strict.nr_lazy.agreed + 1,
-            joined.strict.nr_lazy.compared
-        );
-        // Its purge is predicted one area short (the model had not seen the free), no other.
-        assert_eq!(
-            joined.strict.npurged.agreed + 1,
-            plain.strict.npurged.agreed
-        );
-        assert!(
-            stuck.strict.nr_lazy.agreed + 10 < joined.strict.nr_lazy.agreed,
-            "{:?} against {:?}",
-            stuck.strict.nr_lazy,
-            joined.strict.nr_lazy
         );
     }
 

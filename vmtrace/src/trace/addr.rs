@@ -26,8 +26,10 @@ impl fmt::Display for KAddr {
 /// Hashed `%pK` values are 32 bits wide and restricted ones are zero, so anything at or above
 /// this is a real kernel address in either paging mode.
 pub const KERNEL_HALF_5LEVEL: u64 = 0xff00_0000_0000_0000;
-/// The 4-level kernel half's start is the model's: it tells the paging mode from a VMALLOC base.
-pub use crate::model::pagetable::KERNEL_HALF_4LEVEL;
+/// The lowest address of the kernel half with 4-level page tables (48-bit canonical). A
+/// VMALLOC range below it can only come from a 5-level kernel (its base is 0xffa0… before
+/// KASLR moves it down).
+pub const KERNEL_HALF_4LEVEL: u64 = 0xffff_8000_0000_0000;
 
 impl KAddr {
     /// Whether the address lies in the kernel half of either paging mode.

@@ -105,3 +105,48 @@ impl Replayer<'_> {
         chains
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{LazyArea, PurgedArea};
+    use crate::replay::testkit::{replayer, PAGE};
+    use crate::replay::ReplayOptions;
+
+    fn area(addr: u64, node: u32, pages: u64) -> PurgedArea {
+        PurgedArea {
+            addr,
+            node,
+            area: LazyArea {
+                size: pages * PAGE,
+                tag: node + 1,
+                seq: addr,
+            },
+        }
+    }
+
+    /// A backlog above the model's by exactly some nodes' batches in the last purge is a free
+    /// added before those nodes subtracted; any other difference is not, and a later free that
+    /// reported less (added after the subtraction) is looked through.
+    #[test]
+    fn a_backlog_above_by_some_nodes_batches_was_added_before_they_subtracted() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        r.last_batch = vec![area(0x1000, 0, 2), area(0x9000, 0, 1), area(0x5000, 1, 5)];
+        assert_eq!(r.last_batch_per_node(), vec![(0, 3), (1, 5)]);
+        for (diff, explained) in [(3, true), (5, true), (8, true), (4, false), (0, false)] {
+            assert_eq!(
+                r.last_purge_nodes_explain(100 + diff, 100, &[]),
+                explained,
+                "{diff} pages above"
+            );
+        }
+        assert!(
+            r.last_purge_nodes_explain(104, 100, &[(90, 1)]),
+            "4 above, with a 1-page free after the subtraction that reported less"
+        );
+        assert!(
+            !r.last_purge_nodes_explain(104, 100, &[(120, 1)]),
+            "that one reported more"
+        );
+    }
+}

@@ -82,3 +82,20 @@ fn prefix_sums_reach(pages: impl Iterator<Item = u64>, want: u64) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_prefix_of_the_closest_frees_explains_a_difference() {
+        assert!(prefix_sums_reach([2, 3, 4].into_iter(), 5));
+        assert!(prefix_sums_reach([2, 3, 4].into_iter(), 2));
+        assert!(
+            !prefix_sums_reach([2, 3, 4].into_iter(), 6),
+            "2 + 4 skips the 3"
+        );
+        assert!(!prefix_sums_reach([2, 3, 4].into_iter(), 10));
+        assert!(!prefix_sums_reach(std::iter::empty(), 1));
+    }
+}

@@ -179,3 +179,63 @@ impl Replayer<'_> {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::replay::lookahead::{Blind, DrainItem};
+    use crate::replay::testkit::{lazy_areas, replayer, request, OneDrain, PAGE};
+    use crate::replay::ReplayOptions;
+
+    /// The kernel reusing a range the model holds lazy shows a pending purge at work; the
+    /// purge starts then, unless the drain item read ahead has not started yet (then the
+    /// kernel has not purged, and starting would move a batch to the wrong purge).
+    #[test]
+    fn a_reuse_starts_the_pending_purge_unless_its_item_is_still_ahead() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let addrs = lazy_areas(&mut r, 3, 2);
+        assert!(!r.reuse_shows_purge(addrs[0], 2 * PAGE), "no purge pending");
+        r.drain_pending = true;
+        assert!(r.reuse_shows_purge(addrs[0], 2 * PAGE));
+        assert!(
+            !r.reuse_shows_purge(addrs[2] + 64 * PAGE, 2 * PAGE),
+            "not lazy there"
+        );
+        let ahead = OneDrain {
+            item: DrainItem {
+                pid: 7,
+                start_ns: 1_000,
+                end_ns: 5_000,
+                flush_ns: None,
+            },
+            npurged: 3,
+        };
+        r.last_ts = 900;
+        assert!(!r.start_early(&ahead));
+        assert_eq!((r.drain_work.early_refused, r.early_purges), (1, 0));
+        r.last_ts = 1_100;
+        assert!(r.start_early(&ahead));
+        assert_eq!(r.early_purges, 1);
+        assert!(r.start_early(&Blind), "already started");
+        assert_eq!(r.early_purges, 1);
+    }
+
+    /// A backlog drop that is exactly one node's batch purges that node alone, the other
+    /// node's batch staying lazy until its own drop.
+    #[test]
+    fn a_drop_of_one_nodes_batch_purges_that_node_alone() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        lazy_areas(&mut r, 2, 2);
+        let on1 = request(&r, 3, 1);
+        let b = r.model.alloc(&on1).unwrap().unwrap().addr;
+        r.model.free(b).unwrap();
+        assert_eq!(r.model.lazy_pages(), 7);
+        r.drain_pending = true;
+        assert!(r.start_early(&Blind));
+        r.purge_early_dropped(3, &Blind);
+        assert_eq!(r.model.lazy_pages(), 4, "node 0's batch is still lazy");
+        assert!(r.model.lazy().find(b).is_none());
+        r.model.check_invariants().unwrap();
+    }
+}

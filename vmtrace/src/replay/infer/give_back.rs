@@ -34,3 +34,45 @@ impl Replayer<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::AllocRequest;
+    use crate::replay::testkit::replayer;
+    use crate::replay::ReplayOptions;
+
+    /// `give_back_newest`: a batch larger than the kernel's `npurged` returns its newest areas
+    /// (the frees that raced the kernel's detach) to the lazy lists, oldest kept purged.
+    #[test]
+    fn an_over_large_batch_gives_its_newest_areas_back() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let (start, end) = (r.model.params().vmalloc_start, r.model.params().vmalloc_end);
+        let mut addrs = Vec::new();
+        for _ in 0..3 {
+            let req = AllocRequest {
+                size: 3 * 4096,
+                align: 1,
+                vstart: start,
+                vend: end,
+                cpu: 0,
+                retry: false,
+                guard: true,
+            };
+            let got = r.model.alloc(&req).expect("request").expect("space");
+            addrs.push(got.addr);
+        }
+        for &a in &addrs {
+            r.model.free(a).expect("busy");
+        }
+        let mut got = r.model.purge_oldest(false, 3);
+        assert_eq!(got.npurged, 3);
+        r.give_back_newest(&mut got, 1);
+        assert_eq!((got.npurged, r.batch_given_back), (2, 1));
+        assert_eq!(got.pages, 2 * 3);
+        // The newest free is lazy again, with its pages back in the backlog; the older stay purged.
+        assert!(r.model.lazy().find(addrs[2]).is_some());
+        assert!(r.model.lazy().find(addrs[0]).is_none() && r.model.lazy().find(addrs[1]).is_none());
+        assert_eq!(r.model.lazy_pages(), 3);
+    }
+}

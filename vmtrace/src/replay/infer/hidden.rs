@@ -199,3 +199,40 @@ impl Replayer<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::replay::testkit::{pooled_areas, replayer, request, PAGE};
+    use crate::replay::ReplayOptions;
+
+    /// The kernel placed an area from its free tree where the model offered a pool hit: the
+    /// model's pool and every free block below the kernel's pick are hidden, so the model's
+    /// next pick is not the one the kernel passed over; the pool comes back before the next
+    /// decay, in its order.
+    #[test]
+    fn a_pool_the_kernel_passed_over_is_hidden_then_put_back() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let addrs = pooled_areas(&mut r, 3, 2);
+        let req = request(&r, 2, 0);
+        assert_eq!(r.model.pools().len(0, req.size), 3);
+        let head = r.model.pools().head(0, req.size);
+        let kernel = addrs[2] + 64 * PAGE;
+        r.hide_unavailable(&req, kernel, true);
+        assert_eq!(r.model.pools().len(0, req.size), 0, "the pool is hidden");
+        assert_eq!(
+            r.hidden, 4,
+            "its three entries and the free block below the pick"
+        );
+        r.model.check_invariants().unwrap();
+        let next = r.model.alloc(&req).unwrap();
+        assert!(
+            next.is_err(),
+            "nothing the kernel showed free is left to offer"
+        );
+        r.restore_hidden_pools();
+        assert_eq!((r.model.pools().len(0, req.size), r.pools_restored), (3, 3));
+        assert_eq!(r.model.pools().head(0, req.size), head, "in their order");
+        r.model.check_invariants().unwrap();
+    }
+}

@@ -98,3 +98,39 @@ impl Replayer<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::replay::testkit::{trace, with_late_free};
+    use crate::replay::{replay, ReplayOptions};
+
+    /// `join_owed`: a free whose event comes after the purge that took its area joins that
+    /// purge's batch when its `nr_lazy` still holds the purge's pages, and the backlog agrees
+    /// on every later free as on the trace in order. The same free reporting a backlog from
+    /// after the subtraction does not join: the area stays lazy in the model through every
+    /// later purge, and the later frees disagree.
+    #[test]
+    fn a_free_whose_event_follows_the_purge_that_took_it_joins_that_batch() {
+        let opts = ReplayOptions::default();
+        let plain = replay(&trace()[..], &opts).expect("replay");
+        let joined = replay(&with_late_free(true)[..], &opts).expect("replay");
+        let stuck = replay(&with_late_free(false)[..], &opts).expect("replay");
+        assert_eq!(plain.strict.nr_lazy.agreed, plain.strict.nr_lazy.compared);
+        // The moved free itself reports the backlog before the purge: one miss.
+        assert_eq!(
+            joined.strict.nr_lazy.agreed + 1,
+            joined.strict.nr_lazy.compared
+        );
+        // Its purge is predicted one area short (the model had not seen the free), no other.
+        assert_eq!(
+            joined.strict.npurged.agreed + 1,
+            plain.strict.npurged.agreed
+        );
+        assert!(
+            stuck.strict.nr_lazy.agreed + 10 < joined.strict.nr_lazy.agreed,
+            "{:?} against {:?}",
+            stuck.strict.nr_lazy,
+            joined.strict.nr_lazy
+        );
+    }
+}

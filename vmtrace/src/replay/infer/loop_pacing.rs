@@ -74,3 +74,37 @@ impl Replayer<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::replay::testkit::{pooled_areas, replayer, PAGE};
+    use crate::replay::ReplayOptions;
+
+    /// Withheld pool entries come back when their time comes, and all at once up to one the
+    /// kernel is seen taking: the loops had reached it.
+    #[test]
+    fn withheld_entries_come_back_on_time_or_when_the_kernel_takes_one() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let addrs = pooled_areas(&mut r, 4, 1);
+        for (i, &a) in addrs[1..].iter().enumerate() {
+            assert!(r.model.withhold_pooled(a, PAGE, 0));
+            r.loop_pending.push_back((100 * (i as u64 + 1), 0, a, PAGE));
+        }
+        assert_eq!(r.model.pools().len(0, PAGE), 1);
+        r.loop_advance(150);
+        assert_eq!(r.model.pools().len(0, PAGE), 2, "the first one's time came");
+        assert_eq!(r.model.pools().head(0, PAGE), Some(addrs[1]));
+        r.loop_catch_up(addrs[3]);
+        assert_eq!(
+            r.model.pools().len(0, PAGE),
+            4,
+            "the kernel took the last one"
+        );
+        assert_eq!((r.loop_caught_up, r.loop_pending.len()), (1, 0));
+        r.loop_catch_up(addrs[3]);
+        assert_eq!(r.loop_caught_up, 1, "nothing withheld any more");
+        assert!(r.model.hidden().is_empty());
+        r.model.check_invariants().unwrap();
+    }
+}

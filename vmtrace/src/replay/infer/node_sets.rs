@@ -33,3 +33,32 @@ pub(in crate::replay) fn nodes_summing_to(nodes: &[(u32, u64)], pages: u64) -> O
                 .collect()
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_set_of_nodes_summing_to_the_drop_wins() {
+        let nodes = [(0, 5), (1, 3), (2, 2), (3, 8)];
+        assert_eq!(node_sets(&nodes).count(), 15, "every non-empty set");
+        assert_eq!(
+            nodes_summing_to(&nodes, 8),
+            Some(vec![3]),
+            "one node before two"
+        );
+        assert_eq!(
+            nodes_summing_to(&nodes, 5),
+            Some(vec![0]),
+            "the lowest ids among equals"
+        );
+        assert_eq!(nodes_summing_to(&nodes, 18), Some(vec![0, 1, 2, 3]));
+        assert_eq!(nodes_summing_to(&nodes, 4), None);
+        let many: Vec<(u32, u64)> = (0..17).map(|n| (n, 1)).collect();
+        assert_eq!(
+            nodes_summing_to(&many, 1),
+            None,
+            "too many nodes to try every set"
+        );
+    }
+}

@@ -90,3 +90,63 @@ impl Replayer<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::replay::lookahead::DrainItem;
+    use crate::replay::testkit::{lazy_areas, replayer, OneDrain};
+    use crate::replay::ReplayOptions;
+
+    /// The model's purge starts at the first event after the drain item's start, and only
+    /// then; with the purge's `npurged` read ahead as its batch.
+    #[test]
+    fn the_purge_starts_at_the_first_event_after_its_drain_item() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        lazy_areas(&mut r, 3, 2);
+        let ahead = OneDrain {
+            item: DrainItem {
+                pid: 7,
+                start_ns: 1_000,
+                end_ns: 5_000,
+                flush_ns: None,
+            },
+            npurged: 2,
+        };
+        r.start_at_work(999, &ahead);
+        assert!(r.early.is_none(), "the item has not started");
+        r.start_at_work(1_200, &ahead);
+        assert_eq!(r.work_starts, 1);
+        let early = r.early.as_ref().expect("started");
+        assert_eq!(
+            r.model.lazy().objects(),
+            3,
+            "no area leaves before its node's loop"
+        );
+        let finished = r.model.purge_finish(early.clone());
+        assert_eq!(finished.npurged, 2, "the batch is npurged's oldest areas");
+        r.start_at_work(1_300, &ahead);
+        assert_eq!(r.work_starts, 1, "one start per purge");
+    }
+
+    /// An item that started before the last purge event cannot hold the coming one.
+    #[test]
+    fn an_item_from_before_the_last_purge_starts_nothing() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        lazy_areas(&mut r, 3, 2);
+        r.last_purge_ts = 2_000;
+        let ahead = OneDrain {
+            item: DrainItem {
+                pid: 7,
+                start_ns: 1_000,
+                end_ns: 5_000,
+                flush_ns: None,
+            },
+            npurged: 2,
+        };
+        r.start_at_work(3_000, &ahead);
+        assert!(r.early.is_none());
+        assert_eq!(r.work_starts, 0);
+    }
+}
