@@ -600,6 +600,9 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
     Ok(report)
 }
 
+/// Observed-timing replay: the event loop (this struct: the trace's position, the model, what
+/// seeding and the model's own failures need), the scoring of each prediction ([`Scoring`]) and
+/// the inference rules' state and counters ([`Rules`]).
 struct Replayer<'o> {
     model: tracked::TrackedModel,
     opts: &'o ReplayOptions,
@@ -607,12 +610,6 @@ struct Replayer<'o> {
     snapshot_start: u64,
     snapshot_end: u64,
     last_ts: u64,
-    warmed_up: bool,
-    warmup_line: Option<usize>,
-    /// Trace time of the purge that ended the warm-up (the live view counts from it).
-    warmup_ts: Option<u64>,
-    /// The newest divergences, for the live view (the report keeps the first ones).
-    recent: VecDeque<Divergence>,
     /// Areas whose last record before the snapshot is a free, with its time, and the last
     /// purge event before the snapshot: checked against the seeded lazy areas at the first
     /// event after it ([`Replayer::purged_before_snapshot`]), then dropped.
@@ -624,6 +621,68 @@ struct Replayer<'o> {
     pending_failure: Option<(u32, u64)>,
     /// A free pushed the backlog over the threshold and no purge event has come yet.
     drain_pending: bool,
+    /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
+    free_log: VecDeque<u64>,
+    /// Time of the last purge event: a later purge cannot have detached before it (the
+    /// purge mutex serialises them).
+    last_purge_ts: u64,
+    drain_work: DrainWork,
+    /// Areas the model does not manage (other windows, conflicting placements): start → size.
+    outside: HashMap<u64, u64>,
+    seed: SeedInfo,
+    tally: EventTally,
+    /// Reads nothing ahead (it is given [`lookahead::Blind`]) and uses an allocation's own
+    /// address only after scoring it: the replay the strict figures come from.
+    causal: bool,
+    warnings: BTreeMap<&'static str, u64>,
+    first_warnings: Vec<String>,
+    score: Scoring,
+    rules: Rules,
+}
+
+/// What replay compares and reports: each prediction against the kernel's, the divergences,
+/// warm-up, and the observed series the report draws.
+struct Scoring {
+    warmed_up: bool,
+    warmup_line: Option<usize>,
+    /// Trace time of the purge that ended the warm-up (the live view counts from it).
+    warmup_ts: Option<u64>,
+    /// The newest divergences, for the live view (the report keeps the first ones).
+    recent: VecDeque<Divergence>,
+    obs_slots: PageTableSlots,
+    pred_slots: PageTableSlots,
+    /// Predicted tables right after seeding, so growth counts only what the trace added.
+    seed_tables: u64,
+    seed_slots: SlotCounts,
+    pt_page_events: Option<u64>,
+    meminfo_kb: Option<(u64, u64)>,
+    allocinfo_pt: Option<(i64, i64)>,
+    obs_high: u64,
+    pred_high: u64,
+    /// The kernel's backlog as the last free reported it.
+    obs_lazy: u64,
+    obs_lazy_max: Option<u64>,
+    /// Highest end the kernel allocated after the snapshot.
+    obs_run_high: u64,
+    obs_series: Thinned<ObservedSample>,
+    vmalloc_used: Thinned<VmallocUsedSample>,
+    obs_per_node: Vec<u64>,
+    placement: Agreement,
+    placement_warm: Agreement,
+    failures: Agreement,
+    nr_lazy: Agreement,
+    nr_lazy_warm: Agreement,
+    /// Each free's backlog against the model's before any rule adjusts the model for it.
+    nr_lazy_exact: Agreement,
+    npurged: Agreement,
+    purges: Vec<PurgeCheck>,
+    classes: BTreeMap<&'static str, u64>,
+    divergences: Vec<Divergence>,
+}
+
+/// The inference rules' state and their intervention counters (`replay/infer/`, one file
+/// per rule; docs/inference.md).
+struct Rules {
     /// The purge the pending drain will report was already started, because the trace showed
     /// its effect before its event (an allocation of a purged area, a backlog that dropped):
     /// every node's batch is fixed, and the nodes whose decrement the trace showed are purged
@@ -697,12 +756,6 @@ struct Replayer<'o> {
     swapped: u64,
     /// See [`Report::purge_swaps_older`].
     swapped_older: u64,
-    /// Times of the model's lazy frees since the last purge event, at most [`FREE_LOG_CAP`].
-    free_log: VecDeque<u64>,
-    /// Time of the last purge event: a later purge cannot have detached before it (the
-    /// purge mutex serialises them).
-    last_purge_ts: u64,
-    drain_work: DrainWork,
     pooled_found_free: u64,
     /// Ranges hidden as unavailable in the kernel, and hidden ranges the kernel used later.
     hidden: u64,
@@ -720,49 +773,11 @@ struct Replayer<'o> {
     /// below the last, came in a row: `(node, size, addr, run)`
     /// ([`Replayer::split_merged_pool`]).
     top_pick: Option<(u32, u64, u64, usize)>,
-    /// Areas the model does not manage (other windows, conflicting placements): start → size.
-    outside: HashMap<u64, u64>,
-    obs_slots: PageTableSlots,
-    pred_slots: PageTableSlots,
-    /// Predicted tables right after seeding, so growth counts only what the trace added.
-    seed_tables: u64,
-    seed_slots: SlotCounts,
-    pt_page_events: Option<u64>,
-    meminfo_kb: Option<(u64, u64)>,
-    allocinfo_pt: Option<(i64, i64)>,
-    obs_high: u64,
-    pred_high: u64,
-    /// The kernel's backlog as the last free reported it.
-    obs_lazy: u64,
-    obs_lazy_max: Option<u64>,
-    /// Highest end the kernel allocated after the snapshot.
-    obs_run_high: u64,
-    obs_series: Thinned<ObservedSample>,
-    vmalloc_used: Thinned<VmallocUsedSample>,
-    obs_per_node: Vec<u64>,
-    seed: SeedInfo,
-    tally: EventTally,
-    placement: Agreement,
-    placement_warm: Agreement,
-    failures: Agreement,
-    nr_lazy: Agreement,
-    nr_lazy_warm: Agreement,
-    /// Each free's backlog against the model's before any rule adjusts the model for it.
-    nr_lazy_exact: Agreement,
-    npurged: Agreement,
     /// `(pid, lazy objects)` at the start of the drain item running now, from its `work_start`
     /// record (causal replay only).
     item_start: Option<(u32, u64, usize)>,
     /// Areas [`Replayer::give_back_newest`] returned to the lazy lists.
     batch_given_back: u64,
-    /// Reads nothing ahead (it is given [`lookahead::Blind`]) and uses an allocation's own
-    /// address only after scoring it: the replay the strict figures come from.
-    causal: bool,
-    purges: Vec<PurgeCheck>,
-    classes: BTreeMap<&'static str, u64>,
-    divergences: Vec<Divergence>,
-    warnings: BTreeMap<&'static str, u64>,
-    first_warnings: Vec<String>,
 }
 
 impl<'o> Replayer<'o> {
@@ -772,96 +787,100 @@ impl<'o> Replayer<'o> {
         Self {
             model: tracked::TrackedModel::new(model),
             opts,
-            start_lazy: None,
-            detach_frees: Vec::new(),
-            step_fit: StepFit::new(opts),
             line: 2,
             snapshot_start: 0,
             snapshot_end: 0,
             last_ts: 0,
-            warmed_up: false,
-            warmup_line: None,
-            warmup_ts: None,
-            recent: VecDeque::new(),
             pre_frees: HashMap::new(),
             pre_purge: None,
             pre_checked: false,
             pending_failure: None,
             drain_pending: false,
-            early: None,
-            early_lazy_before: None,
-            foreign_lazy: 0,
-            early_purges: 0,
-            work_starts: 0,
-            next_item: None,
-            reconciled: 0,
-            shifted: 0,
-            batch_tails_moved: 0,
-            detach: None,
-            loop_pending: VecDeque::new(),
-            loop_withheld: 0,
-            loop_caught_up: 0,
-            joins_left: Vec::new(),
-            owed_joins: None,
-            hidden_pools: Vec::new(),
-            pools_restored: 0,
-            late_purged: 0,
-            pool_skip: None,
-            early_split: 0,
-            early_is_split: false,
-            recent_frees: VecDeque::new(),
-            since_purge: None,
-            nr_lazy_reordered: 0,
-            last_batch: Vec::new(),
-            prev_batch: Vec::new(),
-            older_batches: VecDeque::new(),
-            swapped_older: 0,
-            swapped: 0,
             free_log: VecDeque::new(),
             last_purge_ts: 0,
             drain_work: DrainWork::default(),
-            pooled_found_free: 0,
-            hidden: 0,
-            unhidden: 0,
-            hidden_pick: None,
-            hidden_pooled: 0,
-            hidden_low_pick: None,
-            hidden_freed: 0,
-            hidden_split: 0,
-            top_pick: None,
             outside: HashMap::new(),
-            obs_slots: PageTableSlots::new(),
-            pred_slots: PageTableSlots::new(),
-            seed_tables: 0,
-            seed_slots: SlotCounts::default(),
-            pt_page_events: None,
-            meminfo_kb: None,
-            allocinfo_pt: None,
-            obs_high: 0,
-            pred_high: 0,
-            obs_lazy: 0,
-            obs_lazy_max: None,
-            obs_run_high: 0,
-            obs_series: Thinned::new(SERIES_CAP),
-            vmalloc_used: Thinned::new(SERIES_CAP),
-            obs_per_node: vec![0; nodes],
             seed: SeedInfo::default(),
             tally: EventTally::default(),
-            placement: Agreement::default(),
-            placement_warm: Agreement::default(),
-            failures: Agreement::default(),
-            nr_lazy: Agreement::default(),
-            nr_lazy_warm: Agreement::default(),
-            nr_lazy_exact: Agreement::default(),
-            batch_given_back: 0,
-            item_start: None,
             causal: opts.causal,
-            npurged: Agreement::default(),
-            purges: Vec::new(),
-            classes: BTreeMap::new(),
-            divergences: Vec::new(),
             warnings: BTreeMap::new(),
             first_warnings: Vec::new(),
+            score: Scoring {
+                warmed_up: false,
+                warmup_line: None,
+                warmup_ts: None,
+                recent: VecDeque::new(),
+                obs_slots: PageTableSlots::new(),
+                pred_slots: PageTableSlots::new(),
+                seed_tables: 0,
+                seed_slots: SlotCounts::default(),
+                pt_page_events: None,
+                meminfo_kb: None,
+                allocinfo_pt: None,
+                obs_high: 0,
+                pred_high: 0,
+                obs_lazy: 0,
+                obs_lazy_max: None,
+                obs_run_high: 0,
+                obs_series: Thinned::new(SERIES_CAP),
+                vmalloc_used: Thinned::new(SERIES_CAP),
+                obs_per_node: vec![0; nodes],
+                placement: Agreement::default(),
+                placement_warm: Agreement::default(),
+                failures: Agreement::default(),
+                nr_lazy: Agreement::default(),
+                nr_lazy_warm: Agreement::default(),
+                nr_lazy_exact: Agreement::default(),
+                npurged: Agreement::default(),
+                purges: Vec::new(),
+                classes: BTreeMap::new(),
+                divergences: Vec::new(),
+            },
+            rules: Rules {
+                start_lazy: None,
+                detach_frees: Vec::new(),
+                step_fit: StepFit::new(opts),
+                early: None,
+                early_lazy_before: None,
+                foreign_lazy: 0,
+                early_purges: 0,
+                work_starts: 0,
+                next_item: None,
+                reconciled: 0,
+                shifted: 0,
+                batch_tails_moved: 0,
+                detach: None,
+                loop_pending: VecDeque::new(),
+                loop_withheld: 0,
+                loop_caught_up: 0,
+                joins_left: Vec::new(),
+                owed_joins: None,
+                hidden_pools: Vec::new(),
+                pools_restored: 0,
+                late_purged: 0,
+                pool_skip: None,
+                early_split: 0,
+                early_is_split: false,
+                recent_frees: VecDeque::new(),
+                since_purge: None,
+                nr_lazy_reordered: 0,
+                last_batch: Vec::new(),
+                prev_batch: Vec::new(),
+                older_batches: VecDeque::new(),
+                swapped_older: 0,
+                swapped: 0,
+                pooled_found_free: 0,
+                hidden: 0,
+                unhidden: 0,
+                hidden_pick: None,
+                hidden_pooled: 0,
+                hidden_low_pick: None,
+                hidden_freed: 0,
+                hidden_split: 0,
+                top_pick: None,
+                batch_given_back: 0,
+                item_start: None,
+            },
         }
     }
 
@@ -922,10 +941,10 @@ impl<'o> Replayer<'o> {
                     if a.kind != AreaKind::Unpurged {
                         let guard = if a.kind == AreaKind::Busy { page } else { 0 };
                         let end = start + size - guard.min(size);
-                        self.obs_slots.map(start, end);
-                        self.pred_slots.map(start, end);
-                        self.obs_high = self.obs_high.max(start + size);
-                        self.pred_high = self.pred_high.max(start + size);
+                        self.score.obs_slots.map(start, end);
+                        self.score.pred_slots.map(start, end);
+                        self.score.obs_high = self.score.obs_high.max(start + size);
+                        self.score.pred_high = self.score.pred_high.max(start + size);
                     }
                 }
                 Err(ModelError::OutOfRange { .. }) => {
@@ -938,9 +957,9 @@ impl<'o> Replayer<'o> {
             }
         }
         self.seed.lazy_pages = self.model.lazy_pages();
-        self.obs_lazy = self.seed.lazy_pages;
-        self.seed_tables = total_tables(&self.pred_slots.counts());
-        self.seed_slots = self.pred_slots.counts();
+        self.score.obs_lazy = self.seed.lazy_pages;
+        self.score.seed_tables = total_tables(&self.score.pred_slots.counts());
+        self.score.seed_slots = self.score.pred_slots.counts();
     }
 
     fn event(&mut self, rec: Record, ahead: &dyn DrainLookup) -> Result<(), ReplayError> {
@@ -988,8 +1007,8 @@ impl<'o> Replayer<'o> {
             }
             Record::Free(f) => {
                 self.free(&f, in_window, ahead)?;
-                self.obs_lazy = f.nr_lazy;
-                self.obs_lazy_max = Some(f.nr_lazy_max);
+                self.score.obs_lazy = f.nr_lazy;
+                self.score.obs_lazy_max = Some(f.nr_lazy_max);
                 self.observe(ts);
                 Ok(())
             }
@@ -997,28 +1016,31 @@ impl<'o> Replayer<'o> {
             Record::WorkStart(w) if self.causal && w.function == lookahead::DRAIN_FUNCTION => {
                 // The kernel detaches every node's lazy list right after the item starts: what
                 // is lazy now is its batch, less the frees that race the detach.
-                if self.item_start.is_none() {
-                    let lazy = self.model.lazy().objects() + self.foreign_lazy as usize;
-                    self.item_start = Some((w.ctx.pid, w.ctx.ts_ns, lazy));
+                if self.rules.item_start.is_none() {
+                    let lazy = self.model.lazy().objects() + self.rules.foreign_lazy as usize;
+                    self.rules.item_start = Some((w.ctx.pid, w.ctx.ts_ns, lazy));
                 }
                 Ok(())
             }
             Record::PtPage(_) => {
-                *self.pt_page_events.get_or_insert(0) += 1;
+                *self.score.pt_page_events.get_or_insert(0) += 1;
                 Ok(())
             }
             Record::Meminfo(m) => {
-                let first = self.meminfo_kb.map_or(m.page_tables_kb, |(f, _)| f);
-                self.meminfo_kb = Some((first, m.page_tables_kb));
-                self.vmalloc_used.offer(VmallocUsedSample {
+                let first = self.score.meminfo_kb.map_or(m.page_tables_kb, |(f, _)| f);
+                self.score.meminfo_kb = Some((first, m.page_tables_kb));
+                self.score.vmalloc_used.offer(VmallocUsedSample {
                     ts_ns: m.ts_ns,
                     bytes: m.vmalloc_used_kb.saturating_mul(1024),
                 });
                 Ok(())
             }
             Record::Allocinfo(a) => {
-                let first = self.allocinfo_pt.map_or(a.pagetable.bytes, |(f, _)| f);
-                self.allocinfo_pt = Some((first, a.pagetable.bytes));
+                let first = self
+                    .score
+                    .allocinfo_pt
+                    .map_or(a.pagetable.bytes, |(f, _)| f);
+                self.score.allocinfo_pt = Some((first, a.pagetable.bytes));
                 Ok(())
             }
             _ => Ok(()),
@@ -1048,24 +1070,24 @@ impl<'o> Replayer<'o> {
             }
         }
         self.seed.lazy_pages = self.model.lazy_pages();
-        self.obs_lazy = self.seed.lazy_pages;
+        self.score.obs_lazy = self.seed.lazy_pages;
     }
 
     /// One point of the observed series after an allocation or a free.
     fn observe(&mut self, ts: u64) {
         let start = self.model.params().vmalloc_start;
-        self.obs_series.offer(ObservedSample {
+        self.score.obs_series.offer(ObservedSample {
             ts_ns: ts,
-            high_water_bytes: self.obs_run_high.saturating_sub(start),
-            lazy_pages: self.obs_lazy,
+            high_water_bytes: self.score.obs_run_high.saturating_sub(start),
+            lazy_pages: self.score.obs_lazy,
         });
     }
 
     fn diverge(&mut self, d: Divergence) {
-        *self.classes.entry(d.class).or_default() += 1;
-        live::remember(&mut self.recent, &d);
-        if self.divergences.len() < self.opts.max_divergences {
-            self.divergences.push(d);
+        *self.score.classes.entry(d.class).or_default() += 1;
+        live::remember(&mut self.score.recent, &d);
+        if self.score.divergences.len() < self.opts.max_divergences {
+            self.score.divergences.push(d);
         }
     }
 
@@ -1127,7 +1149,7 @@ impl<'o> Replayer<'o> {
             let mut context = self.context(size, a.ctx.cpu);
             match self.model.alloc(&req) {
                 Ok(Ok(got)) => {
-                    self.failures.add(false);
+                    self.score.failures.add(false);
                     let _ = self.model.undo_alloc(&got);
                     self.fill_lowest(&mut context, size);
                     self.diverge(Divergence {
@@ -1143,7 +1165,7 @@ impl<'o> Replayer<'o> {
                         context: context.to_string(),
                     });
                 }
-                Ok(Err(_)) => self.failures.add(true),
+                Ok(Err(_)) => self.score.failures.add(true),
                 Err(e) => self.warn("bad-request", format!("alloc: {e}"))?,
             }
             return Ok(());
@@ -1159,7 +1181,7 @@ impl<'o> Replayer<'o> {
         }
         self.tally.alloc += 1;
         let node = p.layout.cpu_to_node(a.ctx.cpu) as usize;
-        if let Some(n) = self.obs_per_node.get_mut(node) {
+        if let Some(n) = self.score.obs_per_node.get_mut(node) {
             *n += 1;
         }
         // The kernel's address inside a lazy area shows a purge had started there. The
@@ -1168,10 +1190,10 @@ impl<'o> Replayer<'o> {
             self.purge_early_reused(ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
-        self.obs_slots.map(addr, mapped_end(addr));
-        self.obs_high = self.obs_high.max(addr + size);
-        self.obs_run_high = self.obs_run_high.max(addr + size);
-        let mut context = (self.divergences.len() < self.opts.max_divergences)
+        self.score.obs_slots.map(addr, mapped_end(addr));
+        self.score.obs_high = self.score.obs_high.max(addr + size);
+        self.score.obs_run_high = self.score.obs_run_high.max(addr + size);
+        let mut context = (self.score.divergences.len() < self.opts.max_divergences)
             .then(|| self.context(size, a.ctx.cpu));
         let predicted = match self.model.alloc(&req) {
             Ok(r) => r,
@@ -1182,13 +1204,13 @@ impl<'o> Replayer<'o> {
         };
         let pred_addr: Option<Allocated> = predicted.ok();
         if let Some(g) = &pred_addr {
-            self.pred_slots.map(g.addr, mapped_end(g.addr));
-            self.pred_high = self.pred_high.max(g.addr + size);
+            self.score.pred_slots.map(g.addr, mapped_end(g.addr));
+            self.score.pred_high = self.score.pred_high.max(g.addr + size);
         }
         let ok = pred_addr.is_some_and(|g| g.addr == addr);
-        self.placement.add(ok);
-        if self.warmed_up {
-            self.placement_warm.add(ok);
+        self.score.placement.add(ok);
+        if self.score.warmed_up {
+            self.score.placement_warm.add(ok);
         }
         if ok {
             return Ok(());
@@ -1222,9 +1244,10 @@ impl<'o> Replayer<'o> {
         let mut claimed = self.model.claim(&req, addr);
         if claimed.is_err() {
             // The kernel's decay of that node had ended already.
-            while let (Some(node), Some(p)) =
-                (self.model.decaying_holding(addr, size), self.early.as_mut())
-            {
+            while let (Some(node), Some(p)) = (
+                self.model.decaying_holding(addr, size),
+                self.rules.early.as_mut(),
+            ) {
                 self.model.decay_end(p, node);
                 claimed = self.model.claim(&req, addr);
             }
@@ -1234,13 +1257,14 @@ impl<'o> Replayer<'o> {
             // missing for a moment (or its head differed). The entries after the one used go
             // back to the pool, in their order.
             let group = self
+                .rules
                 .hidden_pools
                 .iter()
                 .position(|h| h.size == size && h.entries.contains(&addr));
             if let Some(g) = group {
-                let h = self.hidden_pools.swap_remove(g);
+                let h = self.rules.hidden_pools.swap_remove(g);
                 let k = h.entries.iter().position(|&a| a == addr).unwrap_or(0);
-                self.pools_restored += u64::from(self.model.restore_pooled(
+                self.rules.pools_restored += u64::from(self.model.restore_pooled(
                     h.node,
                     h.size,
                     &h.entries[k + 1..],
@@ -1253,7 +1277,7 @@ impl<'o> Replayer<'o> {
         let exactly_hidden = claimed.is_err() && self.model.hidden().get(&addr) == Some(&size);
         if claimed.is_err() && self.model.unhide(addr, size) {
             // The kernel used space the model had hidden: it was available after all.
-            self.unhidden += 1;
+            self.rules.unhidden += 1;
             claimed = self.model.claim(&req, addr);
             if exactly_hidden && claimed.is_ok() {
                 self.pool_hidden_below(&req, node32, addr);
@@ -1264,7 +1288,7 @@ impl<'o> Replayer<'o> {
         }
         if claimed.is_err() && self.swap_purged(addr, size) {
             // The kernel's last purge took this lazy area and left another the model took.
-            self.swapped += 1;
+            self.rules.swapped += 1;
             claimed = self.model.claim(&req, addr);
         }
         if claimed.is_err() && self.model.overlaps_pooled(addr, size) {
@@ -1275,7 +1299,7 @@ impl<'o> Replayer<'o> {
             // inferred instead: a random-size workload would infer it hundreds of times and
             // throw every pool away each time.
             self.model.decay_overlapping(addr, size);
-            self.pooled_found_free += 1;
+            self.rules.pooled_found_free += 1;
             claimed = self.model.claim(&req, addr);
         }
         let class = match (&pred_addr, &claimed) {
@@ -1297,35 +1321,35 @@ impl<'o> Replayer<'o> {
             // Hide the entries ahead of the kernel's pick only on the second pick that skips
             // the same ones: a single skip is as likely the kernel's own batch putting the
             // pick on top (an area its last purge took and the model's did not).
-            let confirmed = self
-                .pool_skip
-                .as_ref()
-                .is_some_and(|(n, z, prev)| *n == node32 && *z == size && *prev == ahead_of_pick);
+            let confirmed =
+                self.rules.pool_skip.as_ref().is_some_and(|(n, z, prev)| {
+                    *n == node32 && *z == size && *prev == ahead_of_pick
+                });
             if confirmed {
                 for &s in &ahead_of_pick {
                     if self.model.hide(s, size, node32) {
-                        self.hidden += 1;
+                        self.rules.hidden += 1;
                     }
                 }
                 // They may only sit lower in the kernel's pool (two areas its batch put on
                 // top): if the kernel takes one, the rest come back in order, so that a cascade
                 // of unhides becomes a few misses. Kept out of the pools put back before a
                 // decay, where they mispredict random-size workloads.
-                self.hidden_pools.push(HiddenPool {
+                self.rules.hidden_pools.push(HiddenPool {
                     node: node32,
                     size,
                     entries: ahead_of_pick,
                     back_before_decay: false,
                 });
-                self.pool_skip = None;
+                self.rules.pool_skip = None;
             } else {
-                self.pool_skip = Some((node32, size, ahead_of_pick));
+                self.rules.pool_skip = Some((node32, size, ahead_of_pick));
             }
         }
         if let (Some(g), Ok(Placement::FreeTree(_))) = (&pred_addr, &claimed) {
             // While a purge runs, the kernel's decay detaches each pool for a moment, and an
             // allocation then finds it empty: no evidence the pool is gone.
-            let pool_gone = g.placement == Placement::Pool && self.early.is_none();
+            let pool_gone = g.placement == Placement::Pool && self.rules.early.is_none();
             self.hide_unavailable(&req, addr, pool_gone);
         }
         self.diverge(Divergence {
@@ -1352,7 +1376,7 @@ impl<'o> Replayer<'o> {
         let addr = f.va_start.0;
         if let Some(size) = self.outside.remove(&addr) {
             self.tally.free_out_of_model += 1;
-            self.foreign_lazy = self.foreign_lazy.saturating_add(1);
+            self.rules.foreign_lazy = self.rules.foreign_lazy.saturating_add(1);
             if self.model.free_untracked(size).1 {
                 self.drain_pending = true;
             }
@@ -1372,12 +1396,12 @@ impl<'o> Replayer<'o> {
         let own_pages =
             self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
         let strict_ok = self.model.lazy_pages() + own_pages == f.nr_lazy;
-        self.nr_lazy_exact.add(strict_ok);
+        self.score.nr_lazy_exact.add(strict_ok);
         // Nodes purged on a reuse keep their pages in the backlog until the kernel's subtraction
         // shows (`TrackedModel::defer_subtraction`), even once every node is purged: without this the
         // drop goes unseen until the purge event, and every free in between disagrees.
         let settling = !self.model.unsubtracted().is_empty();
-        if (self.drain_pending || self.early.is_some()) && (self.early_open() || settling) {
+        if (self.drain_pending || self.rules.early.is_some()) && (self.early_open() || settling) {
             // The backlog the kernel reports is below what it would be without a purge: the
             // purge already subtracted its pages, node by node.
             let own = own_pages;
@@ -1412,23 +1436,26 @@ impl<'o> Replayer<'o> {
         };
         self.join_owed(addr, got.size, got.nr_lazy, f.nr_lazy);
         if let (Some(left), Some(p)) = (
-            self.joins_left.get_mut(got.node as usize),
-            self.early.as_mut(),
+            self.rules.joins_left.get_mut(got.node as usize),
+            self.rules.early.as_mut(),
         ) {
             if *left > 0 {
                 *left -= 1;
                 self.model.join_last_free(p, got.node);
             }
         }
-        if let (Some(d), Some(n)) = (self.detach.as_ref(), self.early_lazy_before.as_mut()) {
+        if let (Some(d), Some(n)) = (
+            self.rules.detach.as_ref(),
+            self.rules.early_lazy_before.as_mut(),
+        ) {
             let nodes = self.model.params().layout.nr_nodes();
             if f.ctx.ts_ns < d.at(got.node, nodes, self.opts) {
                 // Predicted to be on the lists before the detach.
                 *n += 1;
             }
-            self.detach_frees.push((f.ctx.ts_ns, got.node));
+            self.rules.detach_frees.push((f.ctx.ts_ns, got.node));
         }
-        if let Some((_, start, n)) = self.item_start.as_mut() {
+        if let Some((_, start, n)) = self.rules.item_start.as_mut() {
             // Predicted on the list before its node's detach (`Detach::at` from the start).
             let at = start
                 .saturating_add(self.opts.detach_delay_ns)
@@ -1452,7 +1479,7 @@ impl<'o> Replayer<'o> {
         // purge subtracted theirs (its event comes after, from a few ns to tens of µs): its
         // backlog then still holds those nodes' batches. That is the add order too.
         let pages = got.size / self.model.params().page_size;
-        let since = self.since_purge.take();
+        let since = self.rules.since_purge.take();
         // The causal replay counts exact agreement only: every figure it gives is strict.
         // The causal replay scores the free before the rules above adjusted the model for it,
         // and by exact agreement only: every figure it gives is strict.
@@ -1473,18 +1500,18 @@ impl<'o> Replayer<'o> {
         };
         if let Some(mut s) = since.filter(|s| s.len() + 1 < self.opts.infer.since_purge_span) {
             s.push((f.nr_lazy, pages));
-            self.since_purge = Some(s);
+            self.rules.since_purge = Some(s);
         }
         if ok && !exact {
-            self.nr_lazy_reordered += 1;
+            self.rules.nr_lazy_reordered += 1;
         }
-        if self.recent_frees.len() >= self.opts.infer.add_order_span {
-            self.recent_frees.pop_front();
+        if self.rules.recent_frees.len() >= self.opts.infer.add_order_span {
+            self.rules.recent_frees.pop_front();
         }
-        self.recent_frees.push_back((f.nr_lazy, pages));
-        self.nr_lazy.add(ok);
-        if self.warmed_up {
-            self.nr_lazy_warm.add(ok);
+        self.rules.recent_frees.push_back((f.nr_lazy, pages));
+        self.score.nr_lazy.add(ok);
+        if self.score.warmed_up {
+            self.score.nr_lazy_warm.add(ok);
         }
         if !ok {
             let class = if f.nr_lazy < got.nr_lazy {
@@ -1541,26 +1568,29 @@ impl<'o> Replayer<'o> {
         }
         // Areas outside the model were on the kernel's lazy lists too: they are part of its
         // count, and not of the model's batch.
-        let foreign = std::mem::take(&mut self.foreign_lazy);
+        let foreign = std::mem::take(&mut self.rules.foreign_lazy);
         let in_model = p.npurged.saturating_sub(foreign);
-        let unaligned = self.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;
+        let unaligned =
+            self.rules.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;
         // The causal replay predicts the batch of a drain item's purge from the item's start,
         // which its `work_start` record gave when it happened.
-        let unaligned = match self.item_start.take() {
+        let unaligned = match self.rules.item_start.take() {
             Some((pid, _, lazy)) if pid == p.ctx.pid => lazy,
             _ => unaligned,
         };
-        if let (Some(d), Some(at_start)) = (self.detach.take(), self.start_lazy.take()) {
+        if let (Some(d), Some(at_start)) = (self.rules.detach.take(), self.rules.start_lazy.take())
+        {
             if let Some(joined) = (in_model as usize).checked_sub(at_start) {
                 let nodes = self.model.params().layout.nr_nodes();
-                self.step_fit
-                    .observe(&d, nodes, self.opts, &self.detach_frees, joined);
+                self.rules
+                    .step_fit
+                    .observe(&d, nodes, self.opts, &self.rules.detach_frees, joined);
             }
         }
-        self.detach_frees.clear();
-        self.joins_left.clear();
-        let early = self.early.take().map(|e| self.model.purge_finish(e));
-        self.recent_frees.clear();
+        self.rules.detach_frees.clear();
+        self.rules.joins_left.clear();
+        let early = self.rules.early.take().map(|e| self.model.purge_finish(e));
+        self.rules.recent_frees.clear();
         let mut got = match early {
             Some(early) if !full => early,
             _ => self.model.purge_oldest(full, in_model as usize),
@@ -1571,14 +1601,15 @@ impl<'o> Replayer<'o> {
             let more = self
                 .model
                 .purge_late_oldest((in_model - got.npurged) as usize);
-            self.late_purged += u64::from(more.npurged);
+            self.rules.late_purged += u64::from(more.npurged);
             got.npurged += more.npurged;
             got.pages += more.pages;
             got.pooled += more.pooled;
             got.to_free_tree += more.to_free_tree;
             got.batch.extend(more.batch);
         }
-        self.owed_joins = (got.npurged < in_model).then(|| (in_model - got.npurged, got.pages));
+        self.rules.owed_joins =
+            (got.npurged < in_model).then(|| (in_model - got.npurged, got.pages));
         if self.causal && got.npurged > in_model {
             let excess = got.npurged - in_model;
             self.give_back_newest(&mut got, excess);
@@ -1586,15 +1617,15 @@ impl<'o> Replayer<'o> {
         if !full {
             self.reconcile_batch(&mut got, ahead);
         }
-        self.since_purge = Some(Vec::new());
+        self.rules.since_purge = Some(Vec::new());
         let older = std::mem::replace(
-            &mut self.prev_batch,
-            std::mem::replace(&mut self.last_batch, got.batch.clone()),
+            &mut self.rules.prev_batch,
+            std::mem::replace(&mut self.rules.last_batch, got.batch.clone()),
         );
-        if self.older_batches.len() >= self.opts.infer.older_batches {
-            self.older_batches.pop_back();
+        if self.rules.older_batches.len() >= self.opts.infer.older_batches {
+            self.rules.older_batches.pop_back();
         }
-        self.older_batches.push_front(older);
+        self.rules.older_batches.push_front(older);
         self.last_purge_ts = self.last_purge_ts.max(p.ctx.ts_ns);
         self.free_log.clear();
         self.drain_pending = self.model.lazy_pages() > self.model.params().lazy_max_pages;
@@ -1602,10 +1633,10 @@ impl<'o> Replayer<'o> {
         // the model had already purged it): give it back. Pool entries from before the trace
         // are hidden again by the next allocation that shows them unavailable.
         self.model.unhide_after_purge();
-        self.hidden_pools.clear();
+        self.rules.hidden_pools.clear();
         let predicted = u32::try_from(unaligned).unwrap_or(u32::MAX);
         let ok = predicted == p.npurged;
-        self.npurged.add(ok);
+        self.score.npurged.add(ok);
         if !ok {
             self.diverge(Divergence {
                 line: self.line,
@@ -1627,7 +1658,7 @@ impl<'o> Replayer<'o> {
                 ),
             });
         }
-        self.purges.push(PurgeCheck {
+        self.score.purges.push(PurgeCheck {
             line: self.line,
             ts_ns: p.ctx.ts_ns,
             observed_npurged: p.npurged,
@@ -1643,10 +1674,10 @@ impl<'o> Replayer<'o> {
             Variant::Global => got.npurged > 0,
             _ => got.nodes_pooled == nodes,
         };
-        if !self.warmed_up && !full && rebuilt {
-            self.warmed_up = true;
-            self.warmup_line = Some(self.line);
-            self.warmup_ts = Some(p.ctx.ts_ns);
+        if !self.score.warmed_up && !full && rebuilt {
+            self.score.warmed_up = true;
+            self.score.warmup_line = Some(self.line);
+            self.score.warmup_ts = Some(p.ctx.ts_ns);
         }
         Ok(())
     }
@@ -1668,10 +1699,10 @@ impl<'o> Replayer<'o> {
     /// The strict figures, meaningful when this replayer is the causal one.
     fn strict(&self) -> Strict {
         Strict {
-            placement: self.placement,
-            placement_after_warmup: self.placement_warm,
-            nr_lazy: self.nr_lazy_exact,
-            npurged: self.npurged,
+            placement: self.score.placement,
+            placement_after_warmup: self.score.placement_warm,
+            nr_lazy: self.score.nr_lazy_exact,
+            npurged: self.score.npurged,
         }
     }
 
@@ -1688,27 +1719,31 @@ impl<'o> Replayer<'o> {
             vmalloc_end: format!("{:#x}", p.vmalloc_end),
             seed: self.seed,
             events: self.tally,
-            placement: self.placement,
-            placement_after_warmup: self.placement_warm,
-            warmup_line: self.warmup_line,
-            failures: self.failures,
-            nr_lazy: self.nr_lazy,
-            nr_lazy_after_warmup: self.nr_lazy_warm,
-            npurged: self.npurged,
-            purges: self.purges,
-            divergence_classes: self.classes,
-            first_divergences: self.divergences,
-            observed_high_water: format!("{:#x}", self.obs_high),
-            predicted_high_water: format!("{:#x}", self.pred_high),
-            observed_slots: self.obs_slots.counts(),
-            seeded_slots: self.seed_slots,
-            predicted_slots: self.pred_slots.counts(),
+            placement: self.score.placement,
+            placement_after_warmup: self.score.placement_warm,
+            warmup_line: self.score.warmup_line,
+            failures: self.score.failures,
+            nr_lazy: self.score.nr_lazy,
+            nr_lazy_after_warmup: self.score.nr_lazy_warm,
+            npurged: self.score.npurged,
+            purges: self.score.purges,
+            divergence_classes: self.score.classes,
+            first_divergences: self.score.divergences,
+            observed_high_water: format!("{:#x}", self.score.obs_high),
+            predicted_high_water: format!("{:#x}", self.score.pred_high),
+            observed_slots: self.score.obs_slots.counts(),
+            seeded_slots: self.score.seed_slots,
+            predicted_slots: self.score.pred_slots.counts(),
             page_table_growth: PageTableGrowth {
-                predicted_new_tables: total_tables(&self.pred_slots.counts())
-                    .saturating_sub(self.seed_tables),
-                observed_pt_page_events: self.pt_page_events,
-                meminfo_page_tables_delta_kb: self.meminfo_kb.map(|(f, l)| l as i64 - f as i64),
+                predicted_new_tables: total_tables(&self.score.pred_slots.counts())
+                    .saturating_sub(self.score.seed_tables),
+                observed_pt_page_events: self.score.pt_page_events,
+                meminfo_page_tables_delta_kb: self
+                    .score
+                    .meminfo_kb
+                    .map(|(f, l)| l as i64 - f as i64),
                 allocinfo_pagetable_delta_bytes: self
+                    .score
                     .allocinfo_pt
                     .map(|(f, l)| l.saturating_sub(f)),
             },
@@ -1716,35 +1751,35 @@ impl<'o> Replayer<'o> {
             first_warnings: self.first_warnings,
             model: self.model.stats().clone(),
             locks: self.model.locks().clone(),
-            early_purges: self.early_purges,
-            purges_started_at_work: self.work_starts,
-            batches_reconciled: self.reconciled,
-            batch_areas_given_back: self.batch_given_back,
-            batches_shifted: self.shifted,
-            detach_step_fitted_ns: self.step_fit.fitted(),
-            detach_step_fit_purges: self.step_fit.purges(),
-            batch_tails_moved: self.batch_tails_moved,
-            purge_swaps_older: self.swapped_older,
-            pool_entries_restored: self.pools_restored,
-            loop_entries_withheld: self.loop_withheld,
-            loop_entries_caught_up: self.loop_caught_up,
-            purged_late: self.late_purged,
-            early_split_purges: self.early_split,
-            nr_lazy_reordered: self.nr_lazy_reordered,
-            purge_swaps: self.swapped,
+            early_purges: self.rules.early_purges,
+            purges_started_at_work: self.rules.work_starts,
+            batches_reconciled: self.rules.reconciled,
+            batch_areas_given_back: self.rules.batch_given_back,
+            batches_shifted: self.rules.shifted,
+            detach_step_fitted_ns: self.rules.step_fit.fitted(),
+            detach_step_fit_purges: self.rules.step_fit.purges(),
+            batch_tails_moved: self.rules.batch_tails_moved,
+            purge_swaps_older: self.rules.swapped_older,
+            pool_entries_restored: self.rules.pools_restored,
+            loop_entries_withheld: self.rules.loop_withheld,
+            loop_entries_caught_up: self.rules.loop_caught_up,
+            purged_late: self.rules.late_purged,
+            early_split_purges: self.rules.early_split,
+            nr_lazy_reordered: self.rules.nr_lazy_reordered,
+            purge_swaps: self.rules.swapped,
             drain_work: self.drain_work,
-            pooled_found_free: self.pooled_found_free,
-            hidden_ranges: self.hidden,
-            hidden_ranges_used: self.unhidden,
-            hidden_ranges_pooled: self.hidden_pooled,
-            hidden_ranges_freed: self.hidden_freed,
-            hidden_ranges_split: self.hidden_split,
+            pooled_found_free: self.rules.pooled_found_free,
+            hidden_ranges: self.rules.hidden,
+            hidden_ranges_used: self.rules.unhidden,
+            hidden_ranges_pooled: self.rules.hidden_pooled,
+            hidden_ranges_freed: self.rules.hidden_freed,
+            hidden_ranges_split: self.rules.hidden_split,
             pooled_objects_at_end: self.model.pools().objects(),
             lazy_pages_at_end: self.model.lazy_pages(),
-            allocs_per_node: self.obs_per_node,
-            observed_nr_lazy_max: self.obs_lazy_max,
-            observed_series: self.obs_series.finish(),
-            vmalloc_used_series: self.vmalloc_used.finish(),
+            allocs_per_node: self.score.obs_per_node,
+            observed_nr_lazy_max: self.score.obs_lazy_max,
+            observed_series: self.score.obs_series.finish(),
+            vmalloc_used_series: self.score.vmalloc_used.finish(),
         }
     }
 }

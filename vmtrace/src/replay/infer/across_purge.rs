@@ -45,7 +45,7 @@ impl Replayer<'_> {
     pub(in crate::replay) fn last_batch_per_node(&self) -> Vec<(u32, u64)> {
         let page = self.model.params().page_size;
         let mut per_node: Vec<(u32, u64)> = Vec::new();
-        for a in &self.last_batch {
+        for a in &self.rules.last_batch {
             match per_node.iter_mut().find(|(n, _)| *n == a.node) {
                 Some((_, pages)) => *pages += a.area.size / page,
                 None => per_node.push((a.node, a.area.size / page)),
@@ -131,7 +131,7 @@ mod tests {
     fn a_backlog_above_by_some_nodes_batches_was_added_before_they_subtracted() {
         let opts = ReplayOptions::default();
         let mut r = replayer(&opts);
-        r.last_batch = vec![area(0x1000, 0, 2), area(0x9000, 0, 1), area(0x5000, 1, 5)];
+        r.rules.last_batch = vec![area(0x1000, 0, 2), area(0x9000, 0, 1), area(0x5000, 1, 5)];
         assert_eq!(r.last_batch_per_node(), vec![(0, 3), (1, 5)]);
         for (diff, explained) in [(3, true), (5, true), (8, true), (4, false), (0, false)] {
             assert_eq!(

@@ -54,6 +54,7 @@ impl Replayer<'_> {
             }
             std::cmp::Ordering::Less => {
                 let mut later: Vec<(u64, u64)> = self
+                    .rules
                     .recent_frees
                     .iter()
                     .rev()

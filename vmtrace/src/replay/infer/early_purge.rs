@@ -18,13 +18,13 @@ impl Replayer<'_> {
     /// Whether the pending purge may still be (further) applied early: not started, or some
     /// nodes' batches not purged yet.
     pub(in crate::replay) fn early_open(&self) -> bool {
-        self.early.as_ref().is_none_or(|e| !e.is_done())
+        self.rules.early.as_ref().is_none_or(|e| !e.is_done())
     }
 
     /// Whether an allocation at `addr` shows a pending purge already at work in the kernel:
     /// it reuses a range the model still holds lazy.
     pub(in crate::replay) fn reuse_shows_purge(&self, addr: u64, size: u64) -> bool {
-        (self.drain_pending || self.early.is_some())
+        (self.drain_pending || self.rules.early.is_some())
             && self.early_open()
             && self.lazy_overlaps(addr, size)
     }
@@ -36,7 +36,7 @@ impl Replayer<'_> {
     /// move a whole batch of frees to the wrong purge, which every later `nr_lazy` and
     /// `npurged` comparison would inherit. False when refused.
     pub(in crate::replay) fn start_early(&mut self, ahead: &dyn DrainLookup) -> bool {
-        if self.early.is_some() {
+        if self.rules.early.is_some() {
             return true;
         }
         let item = ahead
@@ -46,20 +46,20 @@ impl Replayer<'_> {
             self.drain_work.early_refused += 1;
             return false;
         }
-        self.early_lazy_before = Some(self.model.lazy().objects());
-        self.early_is_split = false;
+        self.rules.early_lazy_before = Some(self.model.lazy().objects());
+        self.rules.early_is_split = false;
         let limit = ahead
             .next_npurged()
-            .map(|n| n.saturating_sub(self.foreign_lazy) as usize);
-        self.early = Some(self.model.purge_start(false, limit));
-        self.early_purges += 1;
+            .map(|n| n.saturating_sub(self.rules.foreign_lazy) as usize);
+        self.rules.early = Some(self.model.purge_start(false, limit));
+        self.rules.early_purges += 1;
         true
     }
 
     /// Purges `nodes` of the early purge (every remaining one when `None`), and the nodes
     /// whose batch is empty (the kernel runs no `purge_vmap_node` for them).
     pub(in crate::replay) fn purge_early_nodes(&mut self, nodes: Option<Vec<u32>>) {
-        let Some(mut e) = self.early.take() else {
+        let Some(mut e) = self.rules.early.take() else {
             return;
         };
         let empty: Vec<u32> = e
@@ -72,13 +72,13 @@ impl Replayer<'_> {
         for n in part.into_iter().chain(empty) {
             self.model.purge_node(&mut e, n);
         }
-        self.recent_frees.clear();
-        if !e.is_done() && !self.early_is_split {
+        self.rules.recent_frees.clear();
+        if !e.is_done() && !self.rules.early_is_split {
             // Not the whole purge at one point: one node finished before the other.
-            self.early_is_split = true;
-            self.early_split += 1;
+            self.rules.early_is_split = true;
+            self.rules.early_split += 1;
         }
-        self.early = Some(e);
+        self.rules.early = Some(e);
     }
 
     /// A free reported `dropped` pages less backlog than the model holds: the kernel's purge
@@ -90,7 +90,7 @@ impl Replayer<'_> {
         if !self.start_early(ahead) {
             return;
         }
-        let Some(e) = &self.early else { return };
+        let Some(e) = &self.rules.early else { return };
         let nodes: Vec<(u32, u64)> = e
             .remaining()
             .iter()
@@ -101,21 +101,21 @@ impl Replayer<'_> {
         if part.is_none() {
             // No set of the common estimate's batches: one node's detach came earlier or later
             // than the estimate. A node whose oldest areas add up to the drop finished alone.
-            let Some(mut e) = self.early.take() else {
+            let Some(mut e) = self.rules.early.take() else {
                 return;
             };
             let one = nodes
                 .iter()
                 .find(|&&(n, _)| self.model.purge_node_pages(&mut e, n, dropped));
             if one.is_some() {
-                self.recent_frees.clear();
-                if !e.is_done() && !self.early_is_split {
-                    self.early_is_split = true;
-                    self.early_split += 1;
+                self.rules.recent_frees.clear();
+                if !e.is_done() && !self.rules.early_is_split {
+                    self.rules.early_is_split = true;
+                    self.rules.early_split += 1;
                 }
                 part = Some(Vec::new());
             }
-            self.early = Some(e);
+            self.rules.early = Some(e);
         }
         self.purge_early_nodes(part);
     }
@@ -132,7 +132,11 @@ impl Replayer<'_> {
             // The reuse shows a node's loop under way, not ended: its pages leave the backlog
             // at the drop a later free reports, or at the event, not at the reuse, which the
             // kernel's `purge_vmap_node` subtracts only after its loop.
-            let from = self.early.as_ref().map_or(0, |e| e.so_far().batch.len());
+            let from = self
+                .rules
+                .early
+                .as_ref()
+                .map_or(0, |e| e.so_far().batch.len());
             self.model.defer_subtraction(true);
             self.purge_early_nodes(None);
             self.model.defer_subtraction(false);
@@ -151,13 +155,13 @@ impl Replayer<'_> {
     /// node's otherwise leaves every free until the event thousands of pages off). True when
     /// the drop is settled either way.
     pub(in crate::replay) fn move_batch_tail(&mut self, dropped: u64, held: &[(u32, u64)]) -> bool {
-        let (Some(p), [a, b]) = (self.early.as_mut(), held) else {
+        let (Some(p), [a, b]) = (self.rules.early.as_mut(), held) else {
             return false;
         };
         for &((from, pages), (to, _)) in &[(*a, *b), (*b, *a)] {
             if pages > dropped && self.model.move_batch_tail(p, from, pages - dropped, to) > 0 {
                 self.model.settle_subtractions(Some(&[from]));
-                self.batch_tails_moved += 1;
+                self.rules.batch_tails_moved += 1;
                 return true;
             }
         }
@@ -172,7 +176,7 @@ impl Replayer<'_> {
                 && self.model.move_batch_tail(p, other, more, ended) > 0
             {
                 self.model.settle_subtractions(Some(&[ended]));
-                self.batch_tails_moved += 1;
+                self.rules.batch_tails_moved += 1;
                 return true;
             }
         }
@@ -212,12 +216,12 @@ mod tests {
         };
         r.last_ts = 900;
         assert!(!r.start_early(&ahead));
-        assert_eq!((r.drain_work.early_refused, r.early_purges), (1, 0));
+        assert_eq!((r.drain_work.early_refused, r.rules.early_purges), (1, 0));
         r.last_ts = 1_100;
         assert!(r.start_early(&ahead));
-        assert_eq!(r.early_purges, 1);
+        assert_eq!(r.rules.early_purges, 1);
         assert!(r.start_early(&Blind), "already started");
-        assert_eq!(r.early_purges, 1);
+        assert_eq!(r.rules.early_purges, 1);
     }
 
     /// A backlog drop that is exactly one node's batch purges that node alone, the other

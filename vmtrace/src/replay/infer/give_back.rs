@@ -29,7 +29,7 @@ impl Replayer<'_> {
                 got.batch.retain(|x| x.addr != b.addr);
                 got.npurged -= 1;
                 got.pages = got.pages.saturating_sub(b.area.size / page);
-                self.batch_given_back += 1;
+                self.rules.batch_given_back += 1;
             }
         }
     }
@@ -68,7 +68,7 @@ mod tests {
         let mut got = r.model.purge_oldest(false, 3);
         assert_eq!(got.npurged, 3);
         r.give_back_newest(&mut got, 1);
-        assert_eq!((got.npurged, r.batch_given_back), (2, 1));
+        assert_eq!((got.npurged, r.rules.batch_given_back), (2, 1));
         assert_eq!(got.pages, 2 * 3);
         // The newest free is lazy again, with its pages back in the backlog; the older stay purged.
         assert!(r.model.lazy().find(addrs[2]).is_some());

@@ -21,9 +21,9 @@ impl Replayer<'_> {
     /// decays the pools: the kernel decays `len >> 2` entries from each pool's head, so a pool
     /// the model holds shorter than the kernel's decays other entries.
     pub(in crate::replay) fn restore_hidden_pools(&mut self) {
-        for h in std::mem::take(&mut self.hidden_pools) {
+        for h in std::mem::take(&mut self.rules.hidden_pools) {
             if h.back_before_decay {
-                self.pools_restored +=
+                self.rules.pools_restored +=
                     u64::from(self.model.restore_pooled(h.node, h.size, &h.entries));
             }
         }
@@ -47,10 +47,10 @@ impl Replayer<'_> {
             let stale: Vec<u64> = self.model.pools().entries(node, req.size).collect();
             for &s in &stale {
                 if self.model.hide(s, req.size, node) {
-                    self.hidden += 1;
+                    self.rules.hidden += 1;
                 }
             }
-            self.hidden_pools.push(HiddenPool {
+            self.rules.hidden_pools.push(HiddenPool {
                 node,
                 size: req.size,
                 entries: stale,
@@ -74,7 +74,7 @@ impl Replayer<'_> {
             .collect();
         for (s, e) in below {
             if self.model.hide(s, e - s, node) {
-                self.hidden += 1;
+                self.rules.hidden += 1;
             }
         }
     }
@@ -99,7 +99,7 @@ impl Replayer<'_> {
         if !self.model.pool_eligible(req) || self.model.pools().len(node, req.size) != 0 {
             return;
         }
-        let prev = self.hidden_pick.replace((node, req.size, addr));
+        let prev = self.rules.hidden_pick.replace((node, req.size, addr));
         if !prev.is_some_and(|(n, z, a)| n == node && z == req.size && a > addr) {
             return;
         }
@@ -112,7 +112,7 @@ impl Replayer<'_> {
             .map(|(&s, _)| s)
             .take(self.opts.infer.hidden_pool_span)
             .collect();
-        self.hidden_pooled += u64::from(self.model.restore_pooled(node, req.size, &below));
+        self.rules.hidden_pooled += u64::from(self.model.restore_pooled(node, req.size, &below));
     }
 
     /// The kernel took `addr`, the top of a hidden range: a pool handing out adjacent entries
@@ -142,13 +142,13 @@ impl Replayer<'_> {
         let Some(s) = top else {
             return;
         };
-        let run = match self.top_pick {
+        let run = match self.rules.top_pick {
             Some((n, z, a, k)) if n == node && z == req.size && a == addr + req.size => {
                 k.saturating_add(1)
             }
             _ => 1,
         };
-        self.top_pick = Some((node, req.size, addr, run));
+        self.rules.top_pick = Some((node, req.size, addr, run));
         if s == addr
             || run < self.opts.infer.top_picks_to_split
             || req.align > self.model.params().page_size
@@ -158,7 +158,7 @@ impl Replayer<'_> {
             return;
         }
         if self.model.split_hidden(s, req.size) {
-            self.hidden_split += 1;
+            self.rules.hidden_split += 1;
         }
     }
 
@@ -181,7 +181,7 @@ impl Replayer<'_> {
         if predicted <= addr || req.align > self.model.params().page_size {
             return;
         }
-        let prev = self.hidden_low_pick.replace((req.size, addr));
+        let prev = self.rules.hidden_low_pick.replace((req.size, addr));
         if !prev.is_some_and(|(z, a)| z == req.size && a < addr) {
             return;
         }
@@ -194,7 +194,7 @@ impl Replayer<'_> {
             .collect();
         for s in above {
             if self.model.unhide(s, req.size) {
-                self.hidden_freed += 1;
+                self.rules.hidden_freed += 1;
             }
         }
     }
@@ -221,7 +221,7 @@ mod tests {
         r.hide_unavailable(&req, kernel, true);
         assert_eq!(r.model.pools().len(0, req.size), 0, "the pool is hidden");
         assert_eq!(
-            r.hidden, 4,
+            r.rules.hidden, 4,
             "its three entries and the free block below the pick"
         );
         r.model.check_invariants().unwrap();
@@ -231,7 +231,10 @@ mod tests {
             "nothing the kernel showed free is left to offer"
         );
         r.restore_hidden_pools();
-        assert_eq!((r.model.pools().len(0, req.size), r.pools_restored), (3, 3));
+        assert_eq!(
+            (r.model.pools().len(0, req.size), r.rules.pools_restored),
+            (3, 3)
+        );
         assert_eq!(r.model.pools().head(0, req.size), head, "in their order");
         r.model.check_invariants().unwrap();
     }

@@ -24,12 +24,13 @@ impl Replayer<'_> {
         p: &mut crate::model::PurgeInProgress,
         ahead: &dyn DrainLookup,
     ) {
-        self.joins_left.clear();
+        self.rules.joins_left.clear();
         let want = p.joiners();
         let nodes = self.model.params().layout.nr_nodes();
         // From the start alone the detach is too loose a guess to beat free order: ranking by
         // it mispredicts more backlogs than taking the next frees in order.
         let Some(d) = self
+            .rules
             .detach
             .as_ref()
             .filter(|d| d.flush.is_some() || d.timed(nodes))
@@ -54,9 +55,9 @@ impl Replayer<'_> {
             return;
         }
         ranked.sort_by_key(|&(lead, _)| lead);
-        self.joins_left = vec![0; nodes as usize];
+        self.rules.joins_left = vec![0; nodes as usize];
         for &(_, node) in ranked.iter().take(want) {
-            if let Some(n) = self.joins_left.get_mut(node as usize) {
+            if let Some(n) = self.rules.joins_left.get_mut(node as usize) {
                 *n += 1;
             }
         }
@@ -80,7 +81,7 @@ impl Replayer<'_> {
         predicted: u64,
         reported: u64,
     ) {
-        let Some((left, pages)) = self.owed_joins.as_mut() else {
+        let Some((left, pages)) = self.rules.owed_joins.as_mut() else {
             return;
         };
         let own = size / self.model.params().page_size;
@@ -89,12 +90,12 @@ impl Replayer<'_> {
             return;
         }
         if let Some(area) = self.model.purge_late_area(addr) {
-            self.late_purged += 1;
-            self.last_batch.push(area);
+            self.rules.late_purged += 1;
+            self.rules.last_batch.push(area);
             *left -= 1;
         }
         if *left == 0 {
-            self.owed_joins = None;
+            self.rules.owed_joins = None;
         }
     }
 }

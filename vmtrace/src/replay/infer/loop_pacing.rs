@@ -22,8 +22,8 @@ impl Replayer<'_> {
     /// (about 90 ns).
     pub(in crate::replay) fn loop_progress(&mut self, from: usize, ahead: &dyn DrainLookup) {
         let (Some(e), Some(flush), Some((_, end))) = (
-            self.early.as_ref(),
-            self.detach.as_ref().and_then(|d| d.flush),
+            self.rules.early.as_ref(),
+            self.rules.detach.as_ref().and_then(|d| d.flush),
             ahead.next_purge(),
         ) else {
             return;
@@ -45,19 +45,19 @@ impl Replayer<'_> {
         for (i, &(node, addr, size)) in order.iter().enumerate() {
             let at = flush.saturating_add((i as u64 + 1).saturating_mul(per_area));
             if at > now && self.model.withhold_pooled(addr, size, node) {
-                self.loop_pending.push_back((at, node, addr, size));
-                self.loop_withheld += 1;
+                self.rules.loop_pending.push_back((at, node, addr, size));
+                self.rules.loop_withheld += 1;
             }
         }
     }
 
     /// Pushes the withheld loop entries whose time has come by `ts` (all with `u64::MAX`).
     pub(in crate::replay) fn loop_advance(&mut self, ts: u64) {
-        while let Some(&(at, node, addr, size)) = self.loop_pending.front() {
+        while let Some(&(at, node, addr, size)) = self.rules.loop_pending.front() {
             if at > ts {
                 break;
             }
-            self.loop_pending.pop_front();
+            self.rules.loop_pending.pop_front();
             self.model.restore_pooled(node, size, &[addr]);
         }
     }
@@ -65,11 +65,16 @@ impl Replayer<'_> {
     /// The kernel took `addr`: if the loops' pace had not reached it, they had, and every
     /// entry before it is pushed now.
     pub(in crate::replay) fn loop_catch_up(&mut self, addr: u64) {
-        let Some(i) = self.loop_pending.iter().position(|&(_, _, a, _)| a == addr) else {
+        let Some(i) = self
+            .rules
+            .loop_pending
+            .iter()
+            .position(|&(_, _, a, _)| a == addr)
+        else {
             return;
         };
-        self.loop_caught_up += 1;
-        for (_, node, a, size) in self.loop_pending.drain(..=i) {
+        self.rules.loop_caught_up += 1;
+        for (_, node, a, size) in self.rules.loop_pending.drain(..=i) {
             self.model.restore_pooled(node, size, &[a]);
         }
     }
@@ -89,7 +94,9 @@ mod tests {
         let addrs = pooled_areas(&mut r, 4, 1);
         for (i, &a) in addrs[1..].iter().enumerate() {
             assert!(r.model.withhold_pooled(a, PAGE, 0));
-            r.loop_pending.push_back((100 * (i as u64 + 1), 0, a, PAGE));
+            r.rules
+                .loop_pending
+                .push_back((100 * (i as u64 + 1), 0, a, PAGE));
         }
         assert_eq!(r.model.pools().len(0, PAGE), 1);
         r.loop_advance(150);
@@ -101,9 +108,9 @@ mod tests {
             4,
             "the kernel took the last one"
         );
-        assert_eq!((r.loop_caught_up, r.loop_pending.len()), (1, 0));
+        assert_eq!((r.rules.loop_caught_up, r.rules.loop_pending.len()), (1, 0));
         r.loop_catch_up(addrs[3]);
-        assert_eq!(r.loop_caught_up, 1, "nothing withheld any more");
+        assert_eq!(r.rules.loop_caught_up, 1, "nothing withheld any more");
         assert!(r.model.hidden().is_empty());
         r.model.check_invariants().unwrap();
     }

@@ -68,7 +68,7 @@ impl Replayer<'_> {
                     continue;
                 };
                 if self.model.swap_purged_sized(a, b) {
-                    self.reconciled += 1;
+                    self.rules.reconciled += 1;
                     got.batch.retain(|x| x.addr != b.addr);
                     got.batch.push(crate::model::PurgedArea {
                         addr: a,
@@ -80,7 +80,7 @@ impl Replayer<'_> {
             }
         }
         if self.shift_between_nodes(got, delta) {
-            self.shifted += 1;
+            self.rules.shifted += 1;
         }
     }
 
@@ -194,9 +194,9 @@ mod tests {
         let mut got = r.model.purge_oldest(false, 1);
         assert_eq!(r.model.lazy_pages(), 3, "the model left the big one");
         r.reconcile_batch(&mut got, &NextFree(next, 3 + 1));
-        assert_eq!(r.reconciled, 0, "the kernel left as many pages");
+        assert_eq!(r.rules.reconciled, 0, "the kernel left as many pages");
         r.reconcile_batch(&mut got, &NextFree(next, 1 + 1));
-        assert_eq!(r.reconciled, 1);
+        assert_eq!(r.rules.reconciled, 1);
         assert_eq!(r.model.lazy_pages(), 1, "the small one is lazy now");
         assert!(r.model.lazy().find(small).is_some());
         assert_eq!(got.batch.len(), 1);

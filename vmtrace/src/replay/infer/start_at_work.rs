@@ -19,7 +19,7 @@ impl Replayer<'_> {
     /// the next batch. Starts the model's purge there.
     pub(in crate::replay) fn start_at_work(&mut self, ts: u64, ahead: &dyn DrainLookup) {
         self.decay_due(ts);
-        if self.early.is_some() || self.pending_failure.is_some() {
+        if self.rules.early.is_some() || self.pending_failure.is_some() {
             return;
         }
         let Some(event) = ahead.next_purge() else {
@@ -27,13 +27,13 @@ impl Replayer<'_> {
         };
         // Looked up once per purge event, not on every allocation and free before it (a miss
         // is asked again: the item's record may not have been read ahead yet).
-        let item = match self.next_item {
+        let item = match self.rules.next_item {
             Some((e, item)) if e == event => item,
             _ => {
                 let Some(item) = ahead.drain_holding(event.0, event.1) else {
                     return;
                 };
-                self.next_item = Some((event, item));
+                self.rules.next_item = Some((event, item));
                 item
             }
         };
@@ -42,20 +42,20 @@ impl Replayer<'_> {
             return;
         }
         self.restore_hidden_pools();
-        self.early_lazy_before = Some(self.model.lazy().objects());
+        self.rules.early_lazy_before = Some(self.model.lazy().objects());
         let d = Detach {
             start,
             flush: item.flush_ns.filter(|&f| f >= start),
             decays: ahead.decays_in(&item),
-            step: self.step_fit.step(),
+            step: self.rules.step_fit.step(),
         };
-        self.start_lazy = self.early_lazy_before;
-        self.detach_frees.clear();
-        self.detach = Some(d);
-        self.early_is_split = false;
+        self.rules.start_lazy = self.rules.early_lazy_before;
+        self.rules.detach_frees.clear();
+        self.rules.detach = Some(d);
+        self.rules.early_is_split = false;
         let limit = ahead
             .next_npurged()
-            .map(|n| n.saturating_sub(self.foreign_lazy) as usize);
+            .map(|n| n.saturating_sub(self.rules.foreign_lazy) as usize);
         // Every node's decay follows the kernel's clock (`decay_due`): its pools are cut right
         // after the previous node's detach (node 0: at the start), and the cut entries reach
         // the free tree at its own detach. Decaying every node at the start cuts a later
@@ -63,14 +63,14 @@ impl Replayer<'_> {
         // free tree space the kernel has not merged back yet; both mispredict placements.
         let mut early = self.model.purge_start_deferring(limit);
         self.plan_joins(&mut early, ahead);
-        self.early = Some(early);
-        self.work_starts += 1;
+        self.rules.early = Some(early);
+        self.rules.work_starts += 1;
         self.decay_due(ts);
     }
 
     /// Decays the pools of the started purge's nodes whose decay time has come by `ts`.
     pub(in crate::replay) fn decay_due(&mut self, ts: u64) {
-        let (Some(p), Some(d)) = (self.early.as_mut(), self.detach.as_ref()) else {
+        let (Some(p), Some(d)) = (self.rules.early.as_mut(), self.rules.detach.as_ref()) else {
             return;
         };
         let nodes = self.model.params().layout.nr_nodes();
@@ -114,10 +114,10 @@ mod tests {
             npurged: 2,
         };
         r.start_at_work(999, &ahead);
-        assert!(r.early.is_none(), "the item has not started");
+        assert!(r.rules.early.is_none(), "the item has not started");
         r.start_at_work(1_200, &ahead);
-        assert_eq!(r.work_starts, 1);
-        let early = r.early.as_ref().expect("started");
+        assert_eq!(r.rules.work_starts, 1);
+        let early = r.rules.early.as_ref().expect("started");
         assert_eq!(
             r.model.lazy().objects(),
             3,
@@ -126,7 +126,7 @@ mod tests {
         let finished = r.model.purge_finish(early.clone());
         assert_eq!(finished.npurged, 2, "the batch is npurged's oldest areas");
         r.start_at_work(1_300, &ahead);
-        assert_eq!(r.work_starts, 1, "one start per purge");
+        assert_eq!(r.rules.work_starts, 1, "one start per purge");
     }
 
     /// An item that started before the last purge event cannot hold the coming one.
@@ -146,7 +146,7 @@ mod tests {
             npurged: 2,
         };
         r.start_at_work(3_000, &ahead);
-        assert!(r.early.is_none());
-        assert_eq!(r.work_starts, 0);
+        assert!(r.rules.early.is_none());
+        assert_eq!(r.rules.work_starts, 0);
     }
 }

@@ -28,23 +28,28 @@ impl Replayer<'_> {
             Some((_, a)) if a.size >= size => a.size,
             _ => return false,
         };
-        let in_progress = self.early.as_ref().map(|e| e.so_far().batch.as_slice());
+        let in_progress = self
+            .rules
+            .early
+            .as_ref()
+            .map(|e| e.so_far().batch.as_slice());
         let recent = self
+            .rules
             .last_batch
             .iter()
-            .chain(&self.prev_batch)
+            .chain(&self.rules.prev_batch)
             .chain(in_progress.unwrap_or_default());
         let model = &mut self.model;
-        let Some((older, c)) = swap_candidates(recent, &self.older_batches, size)
+        let Some((older, c)) = swap_candidates(recent, &self.rules.older_batches, size)
             .find(|(_, c)| model.swap_purged(addr, c))
         else {
             return false;
         };
-        self.last_batch.retain(|p| p.addr != c.addr);
-        self.prev_batch.retain(|p| p.addr != c.addr);
+        self.rules.last_batch.retain(|p| p.addr != c.addr);
+        self.rules.prev_batch.retain(|p| p.addr != c.addr);
         if let Some(i) = older {
-            self.older_batches[i].retain(|p| p.addr != c.addr);
-            self.swapped_older += 1;
+            self.rules.older_batches[i].retain(|p| p.addr != c.addr);
+            self.rules.swapped_older += 1;
         }
         true
     }
