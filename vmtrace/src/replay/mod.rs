@@ -42,7 +42,6 @@ use crate::model::{
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
 use detach::{Detach, StepFit};
-use infer::nodes_summing_to;
 use lookahead::{DrainItem, DrainLookup, Lookahead};
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
@@ -1225,83 +1224,9 @@ impl<'o> Replayer<'o> {
             self.fill_lowest(c, size);
         }
         let node32 = p.layout.cpu_to_node(a.ctx.cpu);
-        // Entries the model's pool holds ahead of the kernel's pick, when the kernel took it
-        // from the same pool: the kernel's pool did not have them on top.
-        let ahead_of_pick: Vec<u64> = match &pred_addr {
-            Some(g) if g.placement == Placement::Pool => {
-                let pool = self.model.pools();
-                if pool.entries(node32, size).any(|s| s == addr) {
-                    pool.entries(node32, size)
-                        .take_while(|&s| s != addr)
-                        .collect()
-                } else {
-                    Vec::new()
-                }
-            }
-            _ => Vec::new(),
-        };
+        let ahead_of_pick = self.entries_ahead_of_pick(pred_addr.as_ref(), node32, size, addr);
         self.loop_catch_up(addr);
-        let mut claimed = self.model.claim(&req, addr);
-        if claimed.is_err() {
-            // The kernel's decay of that node had ended already.
-            while let (Some(node), Some(p)) = (
-                self.model.decaying_holding(addr, size),
-                self.rules.early.as_mut(),
-            ) {
-                self.model.decay_end(p, node);
-                claimed = self.model.claim(&req, addr);
-            }
-        }
-        if claimed.is_err() {
-            // A pool the model hid as empty in the kernel, now seen in use there: it was only
-            // missing for a moment (or its head differed). The entries after the one used go
-            // back to the pool, in their order.
-            let group = self
-                .rules
-                .hidden_pools
-                .iter()
-                .position(|h| h.size == size && h.entries.contains(&addr));
-            if let Some(g) = group {
-                let h = self.rules.hidden_pools.swap_remove(g);
-                let k = h.entries.iter().position(|&a| a == addr).unwrap_or(0);
-                self.rules.pools_restored += u64::from(self.model.restore_pooled(
-                    h.node,
-                    h.size,
-                    &h.entries[k + 1..],
-                ));
-            }
-        }
-        if claimed.is_err() {
-            self.split_merged_pool(&req, node32, addr);
-        }
-        let exactly_hidden = claimed.is_err() && self.model.hidden().get(&addr) == Some(&size);
-        if claimed.is_err() && self.model.unhide(addr, size) {
-            // The kernel used space the model had hidden: it was available after all.
-            self.rules.unhidden += 1;
-            claimed = self.model.claim(&req, addr);
-            if exactly_hidden && claimed.is_ok() {
-                self.pool_hidden_below(&req, node32, addr);
-                if let Some(g) = &pred_addr {
-                    self.free_hidden_above(&req, addr, g.addr);
-                }
-            }
-        }
-        if claimed.is_err() && self.swap_purged(addr, size) {
-            // The kernel's last purge took this lazy area and left another the model took.
-            self.rules.swapped += 1;
-            claimed = self.model.claim(&req, addr);
-        }
-        if claimed.is_err() && self.model.overlaps_pooled(addr, size) {
-            // The kernel had this range free while the model holds it pooled: the kernel's
-            // pools differ from the model's (a decay took other entries, an entry went to the
-            // other node's pool), and only the overlapping entries are known to be free there.
-            // The vmap-node shrinker (a full decay of every pool, which emits no event) is not
-            // inferred instead: a random-size workload would infer it hundreds of times and
-            // throw every pool away each time.
-            self.model.decay_overlapping(addr, size);
-            self.rules.pooled_found_free += 1;
-            claimed = self.model.claim(&req, addr);
-        }
+        let claimed = self.claim_observed(&req, node32, addr, pred_addr.as_ref());
         let class = match (&pred_addr, &claimed) {
             (None, _) => "model-failed-kernel-succeeded",
             (_, Err(_)) => "observed-not-free-in-model",
@@ -1318,33 +1243,7 @@ impl<'o> Replayer<'o> {
             self.outside.insert(addr, size);
         }
         if matches!(claimed, Ok(Placement::Pool)) && !ahead_of_pick.is_empty() {
-            // Hide the entries ahead of the kernel's pick only on the second pick that skips
-            // the same ones: a single skip is as likely the kernel's own batch putting the
-            // pick on top (an area its last purge took and the model's did not).
-            let confirmed =
-                self.rules.pool_skip.as_ref().is_some_and(|(n, z, prev)| {
-                    *n == node32 && *z == size && *prev == ahead_of_pick
-                });
-            if confirmed {
-                for &s in &ahead_of_pick {
-                    if self.model.hide(s, size, node32) {
-                        self.rules.hidden += 1;
-                    }
-                }
-                // They may only sit lower in the kernel's pool (two areas its batch put on
-                // top): if the kernel takes one, the rest come back in order, so that a cascade
-                // of unhides becomes a few misses. Kept out of the pools put back before a
-                // decay, where they mispredict random-size workloads.
-                self.rules.hidden_pools.push(HiddenPool {
-                    node: node32,
-                    size,
-                    entries: ahead_of_pick,
-                    back_before_decay: false,
-                });
-                self.rules.pool_skip = None;
-            } else {
-                self.rules.pool_skip = Some((node32, size, ahead_of_pick));
-            }
+            self.pool_skip_seen(node32, size, ahead_of_pick);
         }
         if let (Some(g), Ok(Placement::FreeTree(_))) = (&pred_addr, &claimed) {
             // While a purge runs, the kernel's decay detaches each pool for a moment, and an
@@ -1397,39 +1296,7 @@ impl<'o> Replayer<'o> {
             self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
         let strict_ok = self.model.lazy_pages() + own_pages == f.nr_lazy;
         self.score.nr_lazy_exact.add(strict_ok);
-        // Nodes purged on a reuse keep their pages in the backlog until the kernel's subtraction
-        // shows (`TrackedModel::defer_subtraction`), even once every node is purged: without this the
-        // drop goes unseen until the purge event, and every free in between disagrees.
-        let settling = !self.model.unsubtracted().is_empty();
-        if (self.drain_pending || self.rules.early.is_some()) && (self.early_open() || settling) {
-            // The backlog the kernel reports is below what it would be without a purge: the
-            // purge already subtracted its pages, node by node.
-            let own = own_pages;
-            let expected = self.model.lazy_pages() + own;
-            if f.nr_lazy < expected
-                && !self.add_order_explains(
-                    f.nr_lazy,
-                    expected,
-                    ahead,
-                    self.opts.infer.drop_order_span,
-                )
-            {
-                let dropped = expected - f.nr_lazy;
-                let held = self.model.unsubtracted().to_vec();
-                match nodes_summing_to(&held, dropped) {
-                    // Nodes already purged on a reuse, whose loops have now ended.
-                    Some(nodes) => self.model.settle_subtractions(Some(&nodes)),
-                    None if self.move_batch_tail(dropped, &held) => {}
-                    None => {
-                        self.model.settle_subtractions(None);
-                        let expected = self.model.lazy_pages() + own;
-                        if f.nr_lazy < expected {
-                            self.purge_early_dropped(expected - f.nr_lazy, ahead);
-                        }
-                    }
-                }
-            }
-        }
+        self.backlog_drop_seen(f.nr_lazy, own_pages, ahead);
         let got = match self.model.free(addr) {
             Ok(g) => g,
             Err(e) => return self.warn("free-unknown-address", e.to_string()),
@@ -1595,19 +1462,7 @@ impl<'o> Replayer<'o> {
             Some(early) if !full => early,
             _ => self.model.purge_oldest(full, in_model as usize),
         };
-        if got.npurged < in_model {
-            // The batch came out smaller than the kernel's: a free that was to join it went to
-            // a node already purged. The oldest lazy areas make up the count.
-            let more = self
-                .model
-                .purge_late_oldest((in_model - got.npurged) as usize);
-            self.rules.late_purged += u64::from(more.npurged);
-            got.npurged += more.npurged;
-            got.pages += more.pages;
-            got.pooled += more.pooled;
-            got.to_free_tree += more.to_free_tree;
-            got.batch.extend(more.batch);
-        }
+        self.top_up(&mut got, in_model);
         self.rules.owed_joins =
             (got.npurged < in_model).then(|| (in_model - got.npurged, got.pages));
         if self.causal && got.npurged > in_model {

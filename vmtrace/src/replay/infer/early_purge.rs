@@ -15,6 +15,46 @@ use crate::replay::lookahead::DrainLookup;
 use crate::replay::Replayer;
 
 impl Replayer<'_> {
+    /// A free's backlog below what it would be without a purge, while one is pending or under
+    /// way: the purge already subtracted its pages, node by node. Nodes purged on a reuse keep
+    /// their pages in the backlog until the kernel's subtraction shows
+    /// (`TrackedModel::defer_subtraction`), even once every node is purged: without this the
+    /// drop goes unseen until the purge event, and every free in between disagrees. A drop that
+    /// is some held nodes' pages settles them; one that matches a batch tail moved between two
+    /// nodes settles that; anything else settles every node and purges what the drop shows.
+    pub(in crate::replay) fn backlog_drop_seen(
+        &mut self,
+        nr_lazy: u64,
+        own: u64,
+        ahead: &dyn DrainLookup,
+    ) {
+        let settling = !self.model.unsubtracted().is_empty();
+        if !((self.drain_pending || self.rules.early.is_some()) && (self.early_open() || settling))
+        {
+            return;
+        }
+        let expected = self.model.lazy_pages() + own;
+        if nr_lazy >= expected
+            || self.add_order_explains(nr_lazy, expected, ahead, self.opts.infer.drop_order_span)
+        {
+            return;
+        }
+        let dropped = expected - nr_lazy;
+        let held = self.model.unsubtracted().to_vec();
+        match nodes_summing_to(&held, dropped) {
+            // Nodes already purged on a reuse, whose loops have now ended.
+            Some(nodes) => self.model.settle_subtractions(Some(&nodes)),
+            None if self.move_batch_tail(dropped, &held) => {}
+            None => {
+                self.model.settle_subtractions(None);
+                let expected = self.model.lazy_pages() + own;
+                if nr_lazy < expected {
+                    self.purge_early_dropped(expected - nr_lazy, ahead);
+                }
+            }
+        }
+    }
+
     /// Whether the pending purge may still be (further) applied early: not started, or some
     /// nodes' batches not purged yet.
     pub(in crate::replay) fn early_open(&self) -> bool {

@@ -13,10 +13,56 @@
 //! - **Counters**: `hidden_ranges`, `hidden_ranges_pooled`, `hidden_ranges_split`,
 //!   `hidden_ranges_freed` in the replay report.
 
-use crate::model::AllocRequest;
+use crate::model::{AllocRequest, Allocated, ModelError, Placement};
 use crate::replay::{HiddenPool, Replayer};
 
 impl Replayer<'_> {
+    /// A pool the model hid as empty in the kernel, now seen in use there at `addr`: it was
+    /// only missing for a moment (or its head differed). The entries after the one used go back
+    /// to the pool, in their order.
+    pub(in crate::replay) fn restore_hidden_pool_in_use(&mut self, size: u64, addr: u64) {
+        let group = self
+            .rules
+            .hidden_pools
+            .iter()
+            .position(|h| h.size == size && h.entries.contains(&addr));
+        if let Some(g) = group {
+            let h = self.rules.hidden_pools.swap_remove(g);
+            let k = h.entries.iter().position(|&a| a == addr).unwrap_or(0);
+            self.rules.pools_restored += u64::from(self.model.restore_pooled(
+                h.node,
+                h.size,
+                &h.entries[k + 1..],
+            ));
+        }
+    }
+
+    /// The kernel used space the model had hidden: it was available after all. Returns the
+    /// claim tried again, or None when nothing hidden was there. A hidden range of exactly the
+    /// request's size is read further ([`Replayer::pool_hidden_below`],
+    /// [`Replayer::free_hidden_above`]).
+    pub(in crate::replay) fn unhide_used(
+        &mut self,
+        req: &AllocRequest,
+        node: u32,
+        addr: u64,
+        predicted: Option<&Allocated>,
+    ) -> Option<Result<Placement, ModelError>> {
+        let exactly_hidden = self.model.hidden().get(&addr) == Some(&req.size);
+        if !self.model.unhide(addr, req.size) {
+            return None;
+        }
+        self.rules.unhidden += 1;
+        let claimed = self.model.claim(req, addr);
+        if exactly_hidden && claimed.is_ok() {
+            self.pool_hidden_below(req, node, addr);
+            if let Some(g) = predicted {
+                self.free_hidden_above(req, addr, g.addr);
+            }
+        }
+        Some(claimed)
+    }
+
     /// Puts every pool hidden whole since the last purge back, in its order, before a purge
     /// decays the pools: the kernel decays `len >> 2` entries from each pool's head, so a pool
     /// the model holds shorter than the kernel's decays other entries.

@@ -13,6 +13,24 @@ use crate::replay::lookahead::DrainLookup;
 use crate::replay::Replayer;
 
 impl Replayer<'_> {
+    /// Top-up at the event: the batch came out smaller than the kernel's `npurged`
+    /// (`in_model`, the areas outside the model left out): a free that was to join it went to a
+    /// node already purged. The oldest lazy areas make up the count.
+    pub(in crate::replay) fn top_up(&mut self, got: &mut crate::model::Purged, in_model: u32) {
+        if got.npurged >= in_model {
+            return;
+        }
+        let more = self
+            .model
+            .purge_late_oldest((in_model - got.npurged) as usize);
+        self.rules.late_purged += u64::from(more.npurged);
+        got.npurged += more.npurged;
+        got.pages += more.pages;
+        got.pooled += more.pooled;
+        got.to_free_tree += more.to_free_tree;
+        got.batch.extend(more.batch);
+    }
+
     /// Which frees after the start join the purge's batches. The kernel took `npurged` areas:
     /// what was lazy at the start, and the frees whose list insertions beat their node's
     /// detach. Without more, those are the next frees in order; with the item's times, the

@@ -26,7 +26,10 @@ mod hidden;
 mod joins;
 mod loop_pacing;
 mod node_sets;
+mod pool_skip;
+mod pooled_found_free;
 mod reconcile;
+mod resync;
 mod start_at_work;
 mod swaps;
 

@@ -8,11 +8,31 @@
 //! - **Parameters**: the detach step fitted by `StepFit` (`replay/detach.rs`).
 //! - **Counter**: `purges_started_at_work` in the replay report.
 
+use crate::model::{AllocRequest, ModelError, Placement};
 use crate::replay::detach::Detach;
 use crate::replay::lookahead::DrainLookup;
 use crate::replay::Replayer;
 
 impl Replayer<'_> {
+    /// The kernel placed an area in a range whose decay the model still holds under way: the
+    /// kernel's decay of that node had ended already. The decays holding it end now, each
+    /// followed by the claim tried again; the last claim, or None when no decay held it.
+    pub(in crate::replay) fn end_decays_holding(
+        &mut self,
+        req: &AllocRequest,
+        addr: u64,
+    ) -> Option<Result<Placement, ModelError>> {
+        let mut claimed = None;
+        while let (Some(node), Some(p)) = (
+            self.model.decaying_holding(addr, req.size),
+            self.rules.early.as_mut(),
+        ) {
+            self.model.decay_end(p, node);
+            claimed = Some(self.model.claim(req, addr));
+        }
+        claimed
+    }
+
     /// The drain work item that runs the coming purge event started before `ts`: the kernel
     /// decayed the pools and detached the lazy lists right after (`__purge_vmap_area_lazy`
     /// begins with them), so events from here on see the decayed pools and their frees go to

@@ -1,0 +1,58 @@
+//! Resync after a placement miss: the kernel's address is applied to the model, whatever it
+//! takes. The model first claims the address as it stands; when it cannot (the range is not
+//! free or pooled there), each rule below is asked in turn whether the trace explains why, and
+//! the claim is tried again after each that changed the model. The order runs from the
+//! narrowest evidence to the broadest, so a broad rule never acts where a narrow one would
+//! have:
+//!
+//! 1. a decay under way had already ended in the kernel (`start_at_work`: decay node by node);
+//! 2. a pool hidden as empty is in use after all (`hidden`: hidden pools put back);
+//! 3. a run of picks at the top of a merged hidden range is a pool (`hidden`: split);
+//! 4. the kernel used space the model had hidden (`hidden`: hidden ranges read as a pool or
+//!    free space);
+//! 5. the kernel's last purge took this lazy area and left another the model took (`swaps`);
+//! 6. the kernel had this range free while the model holds it pooled (`pooled_found_free`).
+//!
+//! What is left unclaimed stays outside the model (its free is then recognised).
+
+use crate::model::{AllocRequest, Allocated, ModelError, Placement};
+use crate::replay::Replayer;
+
+impl Replayer<'_> {
+    /// Claims the kernel's `addr` for `req` in the model, through the rules above.
+    pub(in crate::replay) fn claim_observed(
+        &mut self,
+        req: &AllocRequest,
+        node: u32,
+        addr: u64,
+        predicted: Option<&Allocated>,
+    ) -> Result<Placement, ModelError> {
+        let size = req.size;
+        let mut claimed = self.model.claim(req, addr);
+        if claimed.is_err() {
+            if let Some(c) = self.end_decays_holding(req, addr) {
+                claimed = c;
+            }
+        }
+        if claimed.is_err() {
+            self.restore_hidden_pool_in_use(size, addr);
+        }
+        if claimed.is_err() {
+            self.split_merged_pool(req, node, addr);
+        }
+        if claimed.is_err() {
+            if let Some(c) = self.unhide_used(req, node, addr, predicted) {
+                claimed = c;
+            }
+        }
+        if claimed.is_err() && self.swap_purged(addr, size) {
+            // The kernel's last purge took this lazy area and left another the model took.
+            self.rules.swapped += 1;
+            claimed = self.model.claim(req, addr);
+        }
+        if claimed.is_err() && self.free_pooled_found_free(addr, size) {
+            claimed = self.model.claim(req, addr);
+        }
+        claimed
+    }
+}
