@@ -98,6 +98,12 @@ pub struct ReplayArgs {
     #[arg(long = "infer", value_name = "NAME=N", value_parser = parse_infer)]
     pub infer: Vec<(String, u64)>,
 
+    /// Observed timing: turn one inference rule off (repeatable), to see what it contributes.
+    /// The explained figures with it off, beside the strict ones, say how much of the gap
+    /// between the two it makes; docs/inference.md describes each rule.
+    #[arg(long = "without", value_name = "RULE", value_enum)]
+    pub without: Vec<super::infer::Rule>,
+
     /// Free-running what-if replay: the model picks every address and purges on its own
     /// threshold after --purge-latency, ignoring the trace's purges; prints footprint,
     /// page-table slots, purges, lock sections and predicted lock waits per variant. Also done,
@@ -280,6 +286,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
         fit_detach_step: !args.no_detach_fit,
         causal: args.causal,
         infer,
+        without: args.without.clone(),
     };
     let context = |variant: Variant, mode: &str| {
         format!(

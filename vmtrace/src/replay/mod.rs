@@ -82,6 +82,15 @@ pub struct ReplayOptions {
     /// The inference rules' tuned parameters. The causal pass runs the rules that read no
     /// record ahead, so some of these move strict figures too.
     pub infer: infer::InferenceParams,
+    /// Rules turned off (`--without`), for ablation.
+    pub without: Vec<infer::Rule>,
+}
+
+impl ReplayOptions {
+    /// Whether `rule` runs in this replay.
+    fn rule_on(&self, rule: infer::Rule) -> bool {
+        !self.without.contains(&rule)
+    }
 }
 
 /// The default of [`ReplayOptions::detach_delay_ns`], with [`DEFAULT_DETACH_STEP_NS`]: the
@@ -106,6 +115,7 @@ impl Default for ReplayOptions {
             fit_detach_step: true,
             causal: false,
             infer: infer::InferenceParams::default(),
+            without: Vec::new(),
         }
     }
 }
@@ -249,6 +259,9 @@ pub struct Report {
     /// strict too, and the rules' counters say how causal resync used each event after its
     /// score.
     pub causal: bool,
+    /// Rules turned off for this replay (`--without`), in both passes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules_off: Vec<infer::Rule>,
     pub nodes: u32,
     pub zone_size: u64,
     pub lazy_max_pages: u64,
@@ -1185,7 +1198,8 @@ impl<'o> Replayer<'o> {
         }
         // The kernel's address inside a lazy area shows a purge had started there. The
         // causal replay scores the model's prediction first and purges only to resync.
-        if !self.causal && self.reuse_shows_purge(addr, size) {
+        let reuse_first = !self.causal && self.opts.rule_on(infer::Rule::ReuseBeforeScoring);
+        if reuse_first && self.reuse_shows_purge(addr, size) {
             self.purge_early_reused(ahead);
         }
         let mapped_end = |s: u64| s + size - if guard { p.page_size } else { 0 };
@@ -1217,7 +1231,7 @@ impl<'o> Replayer<'o> {
         if let Some(g) = &pred_addr {
             let _ = self.model.undo_alloc(g);
         }
-        if self.causal && self.reuse_shows_purge(addr, size) {
+        if !reuse_first && self.reuse_shows_purge(addr, size) {
             self.purge_early_reused(ahead);
         }
         if let Some(c) = context.as_mut() {
@@ -1566,6 +1580,7 @@ impl<'o> Replayer<'o> {
         Report {
             strict: self.strict(),
             causal: self.causal,
+            rules_off: self.opts.without.clone(),
             variant: p.variant,
             nodes: p.layout.nr_nodes(),
             zone_size: p.layout.zone_size(),

@@ -23,6 +23,17 @@ pub fn render_text(r: &Report) -> String {
         r.vmalloc_start,
         r.vmalloc_end
     );
+    if !r.rules_off.is_empty() {
+        let names: Vec<String> = r
+            .rules_off
+            .iter()
+            .map(|rule| {
+                clap::ValueEnum::to_possible_value(rule)
+                    .map_or_else(|| format!("{rule:?}"), |v| v.get_name().to_string())
+            })
+            .collect();
+        let _ = writeln!(o, "rules off (--without): {}", names.join(", "));
+    }
     let s = &r.seed;
     let _ = writeln!(
         o,

@@ -27,6 +27,9 @@ impl Replayer<'_> {
         predicted: u64,
         since: &[(u64, u64)],
     ) -> bool {
+        if !self.opts.rule_on(super::Rule::AcrossPurge) {
+            return false;
+        }
         let later: u64 = since
             .iter()
             .filter(|&&(nr, _)| nr < observed)
@@ -70,6 +73,9 @@ impl Replayer<'_> {
         pages: u64,
         ahead: &dyn DrainLookup,
     ) -> bool {
+        if !self.opts.rule_on(super::Rule::AcrossPurge) {
+            return false;
+        }
         let Some(d) = observed.checked_sub(predicted).filter(|&d| d > 0) else {
             return false;
         };

@@ -34,6 +34,9 @@ impl Replayer<'_> {
         ahead: &dyn DrainLookup,
         span: usize,
     ) -> bool {
+        if !self.opts.rule_on(super::Rule::AddOrder) {
+            return observed == predicted;
+        }
         let page = self.model.params().page_size;
         match observed.cmp(&predicted) {
             std::cmp::Ordering::Equal => true,

@@ -76,6 +76,9 @@ impl Replayer<'_> {
     /// move a whole batch of frees to the wrong purge, which every later `nr_lazy` and
     /// `npurged` comparison would inherit. False when refused.
     pub(in crate::replay) fn start_early(&mut self, ahead: &dyn DrainLookup) -> bool {
+        if !self.opts.rule_on(super::Rule::EarlyPurge) {
+            return false;
+        }
         if self.rules.early.is_some() {
             return true;
         }

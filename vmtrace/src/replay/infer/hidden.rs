@@ -88,6 +88,9 @@ impl Replayer<'_> {
         addr: u64,
         model_pool_hit: bool,
     ) {
+        if !self.opts.rule_on(super::Rule::Hidden) {
+            return;
+        }
         let node = self.model.params().layout.cpu_to_node(req.cpu);
         if model_pool_hit {
             let stale: Vec<u64> = self.model.pools().entries(node, req.size).collect();

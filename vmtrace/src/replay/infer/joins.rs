@@ -42,6 +42,9 @@ impl Replayer<'_> {
         p: &mut crate::model::PurgeInProgress,
         ahead: &dyn DrainLookup,
     ) {
+        if !self.opts.rule_on(super::Rule::Joins) {
+            return;
+        }
         self.rules.joins_left.clear();
         let want = p.joiners();
         let nodes = self.model.params().layout.nr_nodes();
@@ -99,6 +102,9 @@ impl Replayer<'_> {
         predicted: u64,
         reported: u64,
     ) {
+        if !self.opts.rule_on(super::Rule::Joins) {
+            return;
+        }
         let Some((left, pages)) = self.rules.owed_joins.as_mut() else {
             return;
         };

@@ -21,6 +21,9 @@ impl Replayer<'_> {
     /// mid-loop still differs often: its pace jitters by more than the gap between two areas
     /// (about 90 ns).
     pub(in crate::replay) fn loop_progress(&mut self, from: usize, ahead: &dyn DrainLookup) {
+        if !self.opts.rule_on(super::Rule::LoopPacing) {
+            return;
+        }
         let (Some(e), Some(flush), Some((_, end))) = (
             self.rules.early.as_ref(),
             self.rules.detach.as_ref().and_then(|d| d.flush),

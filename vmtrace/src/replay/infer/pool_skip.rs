@@ -45,6 +45,9 @@ impl Replayer<'_> {
         size: u64,
         ahead_of_pick: Vec<u64>,
     ) {
+        if !self.opts.rule_on(super::Rule::PoolSkip) {
+            return;
+        }
         let confirmed = self
             .rules
             .pool_skip

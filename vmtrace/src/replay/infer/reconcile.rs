@@ -27,6 +27,9 @@ impl Replayer<'_> {
         got: &mut crate::model::Purged,
         ahead: &dyn DrainLookup,
     ) {
+        if !self.opts.rule_on(super::Rule::Reconcile) {
+            return;
+        }
         let page = self.model.params().page_size;
         let Some(&(va, nr)) = ahead.frees_ahead(1).first() else {
             return;

@@ -38,6 +38,9 @@ impl Replayer<'_> {
     /// begins with them), so events from here on see the decayed pools and their frees go to
     /// the next batch. Starts the model's purge there.
     pub(in crate::replay) fn start_at_work(&mut self, ts: u64, ahead: &dyn DrainLookup) {
+        if !self.opts.rule_on(super::Rule::WorkStart) {
+            return;
+        }
         self.decay_due(ts);
         if self.rules.early.is_some() || self.pending_failure.is_some() {
             return;

@@ -21,6 +21,9 @@ impl Replayer<'_> {
     /// free, so the model's lazy set follows the kernel's from here on; without the swap the
     /// area stayed outside the model, and its free went missing from every later backlog.
     pub(in crate::replay) fn swap_purged(&mut self, addr: u64, size: u64) -> bool {
+        if !self.opts.rule_on(super::Rule::Swaps) {
+            return false;
+        }
         // The kernel may reuse the start of the purged area for a smaller one (a 9-page area
         // reused for 8 pages): the swap is by the lazy area's size, or every free until the
         // next purge disagrees.
