@@ -1026,12 +1026,7 @@ impl<'o> Replayer<'o> {
             }
             Record::Purge(p) => self.purge(&p, ahead),
             Record::WorkStart(w) if self.causal && w.function == lookahead::DRAIN_FUNCTION => {
-                // The kernel detaches every node's lazy list right after the item starts: what
-                // is lazy now is its batch, less the frees that race the detach.
-                if self.rules.item_start.is_none() {
-                    let lazy = self.model.lazy().objects() + self.rules.foreign_lazy as usize;
-                    self.rules.item_start = Some((w.ctx.pid, w.ctx.ts_ns, lazy));
-                }
+                self.work_start_seen(w.ctx.pid, w.ctx.ts_ns);
                 Ok(())
             }
             Record::PtPage(_) => {
@@ -1336,15 +1331,7 @@ impl<'o> Replayer<'o> {
             }
             self.rules.detach_frees.push((f.ctx.ts_ns, got.node));
         }
-        if let Some((_, start, n)) = self.rules.item_start.as_mut() {
-            // Predicted on the list before its node's detach (`Detach::at` from the start).
-            let at = start
-                .saturating_add(self.opts.detach_delay_ns)
-                .saturating_add(u64::from(got.node) * self.opts.detach_step_ns);
-            if f.ctx.ts_ns < at {
-                *n += 1;
-            }
-        }
+        self.work_start_free(got.node, f.ctx.ts_ns);
         if self.free_log.len() >= FREE_LOG_CAP {
             self.free_log.pop_front();
         }
@@ -1453,12 +1440,7 @@ impl<'o> Replayer<'o> {
         let in_model = p.npurged.saturating_sub(foreign);
         let unaligned =
             self.rules.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;
-        // The causal replay predicts the batch of a drain item's purge from the item's start,
-        // which its `work_start` record gave when it happened.
-        let unaligned = match self.rules.item_start.take() {
-            Some((pid, _, lazy)) if pid == p.ctx.pid => lazy,
-            _ => unaligned,
-        };
+        let unaligned = self.work_start_batch(p.ctx.pid).unwrap_or(unaligned);
         if let (Some(d), Some(at_start)) = (self.rules.detach.take(), self.rules.start_lazy.take())
         {
             if let Some(joined) = (in_model as usize).checked_sub(at_start) {

@@ -287,4 +287,73 @@ mod tests {
         assert_eq!(r.model.pools().head(0, req.size), head, "in their order");
         r.model.check_invariants().unwrap();
     }
+
+    /// Hides `n` adjacent one-page ranges from the bottom of the range, each its own range.
+    fn hidden_pages(r: &mut crate::replay::Replayer, n: u64) -> u64 {
+        let base = r.model.params().vmalloc_start;
+        for i in 0..n {
+            assert!(r.model.hide(base + i * PAGE, PAGE, 0));
+        }
+        base
+    }
+
+    /// Two picks in a row of hidden ranges, the second lower, with the model's pool empty: the
+    /// hidden ranges of that size below become the pool, highest on top.
+    #[test]
+    fn a_second_lower_pick_of_hidden_ranges_reads_them_as_a_pool() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let base = hidden_pages(&mut r, 4);
+        let req = request(&r, 1, 0);
+        r.pool_hidden_below(&req, 0, base + 3 * PAGE);
+        assert_eq!(r.model.pools().len(0, PAGE), 0, "one pick is not a pool");
+        r.pool_hidden_below(&req, 0, base + 2 * PAGE);
+        assert_eq!(r.rules.hidden_pooled, 2);
+        assert_eq!(r.model.pools().head(0, PAGE), Some(base + PAGE));
+        assert_eq!(r.model.pools().len(0, PAGE), 2);
+        r.model.check_invariants().unwrap();
+    }
+
+    /// A pick at the top of a merged hidden range that is a whole number of pieces splits it
+    /// into request-sized ranges; a range of another length stays whole.
+    #[test]
+    fn a_pick_at_the_top_of_a_merged_hidden_range_splits_it() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let base = r.model.params().vmalloc_start;
+        assert!(r.model.hide(base, 4 * PAGE, 0));
+        assert!(r.model.hide(base + 8 * PAGE, 3 * PAGE, 0));
+        let req = request(&r, 2, 0);
+        r.split_merged_pool(&req, 0, base + 2 * PAGE);
+        assert_eq!((r.rules.hidden_split, r.model.hidden().len()), (1, 3));
+        r.split_merged_pool(&req, 0, base + 9 * PAGE);
+        assert_eq!(
+            r.rules.hidden_split, 1,
+            "3 pages are not whole 2-page pieces"
+        );
+        r.model.check_invariants().unwrap();
+    }
+
+    /// Two picks in a row of hidden ranges below the model's pick, the second higher: the
+    /// hidden ranges of that size between them and the model's pick are free after all; a
+    /// longer one stays hidden.
+    #[test]
+    fn a_second_higher_pick_below_the_model_frees_the_hidden_ranges_above() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let base = r.model.params().vmalloc_start;
+        for i in [0, 2, 4] {
+            assert!(r.model.hide(base + i * PAGE, PAGE, 0));
+        }
+        assert!(r.model.hide(base + 6 * PAGE, 2 * PAGE, 0));
+        let req = request(&r, 1, 0);
+        let predicted = base + 10 * PAGE;
+        r.free_hidden_above(&req, base, predicted);
+        assert_eq!(r.rules.hidden_freed, 0, "one pick is not a walk");
+        r.free_hidden_above(&req, base + 2 * PAGE, predicted);
+        assert_eq!(r.rules.hidden_freed, 2);
+        let left: Vec<u64> = r.model.hidden().keys().copied().collect();
+        assert_eq!(left, vec![base, base + 6 * PAGE]);
+        r.model.check_invariants().unwrap();
+    }
 }

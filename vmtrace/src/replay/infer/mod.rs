@@ -32,6 +32,7 @@ mod reconcile;
 mod resync;
 mod start_at_work;
 mod swaps;
+mod work_start_batch;
 
 pub(in crate::replay) use node_sets::{node_sets, nodes_summing_to};
 
