@@ -56,3 +56,41 @@ impl Replayer<'_> {
         claimed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::Placement;
+    use crate::replay::testkit::{pooled_areas, replayer, request, PAGE};
+    use crate::replay::ReplayOptions;
+
+    /// Hidden space the kernel used is given back and claimed; pooled entries under a free-tree
+    /// placement are freed and the placement claimed; an address no rule explains (a busy
+    /// area's) stays unclaimed.
+    #[test]
+    fn each_rule_is_asked_until_the_kernels_address_can_be_claimed() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        let addrs = pooled_areas(&mut r, 3, 1);
+        let above = addrs[2] + 16 * PAGE;
+        assert!(r.model.hide(above, 4 * PAGE, 0));
+        let one = request(&r, 1, 0);
+        assert!(matches!(
+            r.claim_observed(&one, 0, above, None),
+            Ok(Placement::FreeTree(_))
+        ));
+        assert_eq!((r.rules.unhidden, r.rules.pooled_found_free), (1, 0));
+        assert!(r.model.hidden().is_empty());
+
+        let two = request(&r, 2, 0);
+        assert!(r.claim_observed(&two, 0, addrs[0], None).is_ok());
+        assert_eq!((r.rules.unhidden, r.rules.pooled_found_free), (1, 1));
+        assert_eq!(
+            r.model.pools().len(0, PAGE),
+            1,
+            "only the two entries under it"
+        );
+
+        assert!(r.claim_observed(&one, 0, above, None).is_err(), "busy");
+        r.model.check_invariants().unwrap();
+    }
+}
