@@ -20,7 +20,6 @@
 
 pub mod charts;
 pub mod cli;
-mod detach;
 pub mod free_run;
 pub mod infer;
 pub mod live;
@@ -41,7 +40,7 @@ use crate::model::{
     PurgeInProgress, SlotCounts, Variant,
 };
 use crate::trace::{AreaKind, ReadError, Record, TraceReader};
-use detach::{Detach, StepFit};
+use infer::detach::{Detach, StepFit};
 use lookahead::{DrainItem, DrainLookup, Lookahead};
 
 pub use free_run::{free_run, FreeRunOptions, WhatIf};
@@ -72,7 +71,7 @@ pub struct ReplayOptions {
     /// [`ReplayOptions::fit_detach_step`] it is the starting value.
     pub detach_step_ns: u64,
     /// Refit the step between two nodes' detaches to the trace, from the purges already seen
-    /// (see `replay::detach::StepFit` and docs/inference.md).
+    /// (see `replay::infer::detach::StepFit` and docs/inference.md).
     pub fit_detach_step: bool,
     /// Replay causally only: no record after the current one is read and no event's own
     /// address or backlog is used before it is scored, so the explained figures are the strict
@@ -1284,7 +1283,7 @@ impl<'o> Replayer<'o> {
         let addr = f.va_start.0;
         if let Some(size) = self.outside.remove(&addr) {
             self.tally.free_out_of_model += 1;
-            self.rules.foreign_lazy = self.rules.foreign_lazy.saturating_add(1);
+            self.foreign_free();
             if self.model.free_untracked(size).1 {
                 self.drain_pending = true;
             }
@@ -1436,7 +1435,7 @@ impl<'o> Replayer<'o> {
         }
         // Areas outside the model were on the kernel's lazy lists too: they are part of its
         // count, and not of the model's batch.
-        let foreign = std::mem::take(&mut self.rules.foreign_lazy);
+        let foreign = self.foreign_in_batch();
         let in_model = p.npurged.saturating_sub(foreign);
         let unaligned =
             self.rules.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;

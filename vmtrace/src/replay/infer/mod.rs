@@ -20,7 +20,9 @@ use serde::Serialize;
 
 mod across_purge;
 mod add_order;
+pub(in crate::replay) mod detach;
 mod early_purge;
+mod foreign;
 mod give_back;
 mod hidden;
 mod joins;

@@ -5,11 +5,11 @@
 //!   ahead: the kernel writes it after the item), its start, TLB-flush time and decay times.
 //! - **Infers** that the kernel decayed the pools and detached the lazy lists from the item's
 //!   start, and cuts each node's pools when the kernel's clock says that node's decay began.
-//! - **Parameters**: the detach step fitted by `StepFit` (`replay/detach.rs`).
+//! - **Parameters**: the detach step fitted by `StepFit` (`replay/infer/detach.rs`).
 //! - **Counter**: `purges_started_at_work` in the replay report.
 
+use super::detach::Detach;
 use crate::model::{AllocRequest, ModelError, Placement};
-use crate::replay::detach::Detach;
 use crate::replay::lookahead::DrainLookup;
 use crate::replay::Replayer;
 

@@ -3,35 +3,35 @@
 
 use std::collections::VecDeque;
 
-use super::ReplayOptions;
+use crate::replay::ReplayOptions;
 
 /// When a started purge detached each node's lazy list. `__purge_vmap_area_lazy` decays a
 /// node's pools and then detaches its list, node after node, and right after the last one
 /// queues its TLB flush; a free whose event comes before its node's detach is in the batch.
 #[derive(Clone, Debug)]
-pub(super) struct Detach {
+pub(in crate::replay) struct Detach {
     /// The drain work item's start.
-    pub(super) start: u64,
+    pub(in crate::replay) start: u64,
     /// Its TLB flush (`work.flush_ns`), when recorded.
-    pub(super) flush: Option<u64>,
+    pub(in crate::replay) flush: Option<u64>,
     /// The item's pool decays, `(start_ns, end_ns)` in the order they ran, when a richer rung
     /// timed them (`decay_va_pool_node`): the `n`-th is node `n`'s, and its end is that node's
     /// detach, known rather than predicted.
-    pub(super) decays: Vec<(u64, u64)>,
+    pub(in crate::replay) decays: Vec<(u64, u64)>,
     /// The predicted time between two nodes' detaches ([`StepFit`]).
-    pub(super) step: u64,
+    pub(in crate::replay) step: u64,
 }
 
 impl Detach {
     /// Whether the decays were timed, one per node: with some missing, which node each belongs
     /// to is unknown, and the prediction from the start and flush is used instead.
-    pub(super) fn timed(&self, nodes: u32) -> bool {
+    pub(in crate::replay) fn timed(&self, nodes: u32) -> bool {
         self.decays.len() == nodes as usize
     }
 
     /// When node `node`'s pools decay: right after the previous node's detach (node 0: at the
     /// start), or when its timed decay began.
-    pub(super) fn decay_at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
+    pub(in crate::replay) fn decay_at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
         if self.timed(nodes) {
             if let Some(&(start, _)) = self.decays.get(node as usize) {
                 return start;
@@ -53,7 +53,7 @@ impl Detach {
     /// kernel takes the node's `lazy.lock` and detaches the list after `decay_va_pool_node`
     /// returns and before it moves on, and that gap can be milliseconds when the CPU is taken
     /// away (12-20 ms seen in TCG guests).
-    pub(super) fn at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
+    pub(in crate::replay) fn at(&self, node: u32, nodes: u32, opts: &ReplayOptions) -> u64 {
         self.at_with_step(node, nodes, opts, self.step)
     }
 
@@ -106,7 +106,7 @@ const FIT_MIN_PURGES: usize = 8;
 /// until [`FIT_MIN_PURGES`] did, and among equals the one closest to it). Only purges before
 /// the one predicted are used.
 #[derive(Clone, Debug)]
-pub(super) struct StepFit {
+pub(in crate::replay) struct StepFit {
     prior: u64,
     enabled: bool,
     window: VecDeque<u128>,
@@ -115,7 +115,7 @@ pub(super) struct StepFit {
 }
 
 impl StepFit {
-    pub(super) fn new(opts: &ReplayOptions) -> Self {
+    pub(in crate::replay) fn new(opts: &ReplayOptions) -> Self {
         Self {
             prior: opts.detach_step_ns,
             enabled: opts.fit_detach_step,
@@ -126,24 +126,24 @@ impl StepFit {
     }
 
     /// The step to predict the next purge with.
-    pub(super) fn step(&self) -> u64 {
+    pub(in crate::replay) fn step(&self) -> u64 {
         self.current
     }
 
     /// The fitted step, once the fit has replaced the configured one.
-    pub(super) fn fitted(&self) -> Option<u64> {
+    pub(in crate::replay) fn fitted(&self) -> Option<u64> {
         (self.enabled && self.window.len() >= FIT_MIN_PURGES).then_some(self.current)
     }
 
     /// Informative purges the fit weighs now.
-    pub(super) fn purges(&self) -> usize {
+    pub(in crate::replay) fn purges(&self) -> usize {
         self.window.len()
     }
 
     /// A purge event showed its `npurged`: `joined` of the `frees` (event time and node) after
     /// its drain item's start were in its batches. Purges with timed decays, or that no step
     /// or every step explains, say nothing about the step.
-    pub(super) fn observe(
+    pub(in crate::replay) fn observe(
         &mut self,
         d: &Detach,
         nodes: u32,
