@@ -39,19 +39,42 @@ fn xtask() -> Option<PathBuf> {
 
 /// Boots the guest with `cpus` vCPUs, the given paging mode and any `extra` testbox flags,
 /// runs `script` in `dir` (the guest's working directory) and asserts it exited 0.
+///
+/// One failure is retried, loudly, when the guest kernel oopsed on a stray `int3`. Attaching
+/// or detaching a probe on a hot function patches its text through a temporary `int3`; the one
+/// such oops seen so far trapped at `_raw_spin_lock+0x5` on two vCPUs at once while a probe
+/// program loaded, 20 s into the kprobe-capped recording, and the rerun passed. We read it as
+/// multi-threaded TCG's handling of code modified under running vCPUs, not as the probes: on
+/// hardware that patching is what every kprobe and fentry attach does. The first console log
+/// is kept as `console-1.log`; any other failure, or the same oops twice, fails the test.
 fn guest(xtask: &Path, dir: &Path, cpus: u32, paging: u8, extra: &[&str], script: &str) {
     std::fs::write(dir.join("run.sh"), script).unwrap();
-    let status = Command::new(xtask)
-        .args(["testbox", "--vmtrace", VMTRACE])
-        .args(extra)
-        .arg("--out")
-        .arg(dir)
-        .arg("--console")
-        .arg(dir.join("console.log"))
-        .args(["--cpus", &cpus.to_string(), "--paging", &paging.to_string()])
-        .args(["--timeout", "600", "--", "sh", "-e", "run.sh"])
-        .status()
-        .expect("cannot run the xtask binary");
+    let console = dir.join("console.log");
+    let run = || {
+        Command::new(xtask)
+            .args(["testbox", "--vmtrace", VMTRACE])
+            .args(extra)
+            .arg("--out")
+            .arg(dir)
+            .arg("--console")
+            .arg(&console)
+            .args(["--cpus", &cpus.to_string(), "--paging", &paging.to_string()])
+            .args(["--timeout", "600", "--", "sh", "-e", "run.sh"])
+            .status()
+            .expect("cannot run the xtask binary")
+    };
+    let mut status = run();
+    let log = std::fs::read_to_string(&console).unwrap_or_default();
+    if !status.success() && log.contains("Oops: int3") {
+        let kept = dir.join("console-1.log");
+        std::fs::rename(&console, &kept).unwrap();
+        eprintln!(
+            "RETRY: the guest kernel oopsed on a stray int3 (text patching under TCG); its \
+             console log is {}; booting again once",
+            kept.display()
+        );
+        status = run();
+    }
     assert!(
         status.success(),
         "the guest script failed ({status}); console log in {}",
