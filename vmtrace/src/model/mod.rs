@@ -1301,4 +1301,4 @@ impl Pools {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

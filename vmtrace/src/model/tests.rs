@@ -6,11 +6,12 @@ use proptest::prelude::*;
 
 use super::*;
 
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 const BASE: u64 = 0x10_0000;
 const PAGES: u64 = 512;
 
-fn params(variant: Variant) -> Params {
+/// A small 2-node allocator: 512 pages, 16-page zones, `lazy_max_pages` 64.
+pub(crate) fn params(variant: Variant) -> Params {
     Params {
         page_size: PAGE,
         layout: NodeLayout::new(2, 16 * PAGE),
@@ -246,7 +247,7 @@ fn undo_and_claim_restore_state() {
     assert!(m.claim(&req, BASE + 9 * PAGE).is_err());
 }
 
-fn one_page_req(cpu: u32, p: &Params) -> AllocRequest {
+pub(crate) fn one_page_req(cpu: u32, p: &Params) -> AllocRequest {
     AllocRequest {
         size: PAGE,
         align: 1,

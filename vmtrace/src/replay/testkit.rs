@@ -96,21 +96,40 @@ pub(in crate::replay) fn pooled_areas(r: &mut Replayer, n: usize, pages: u64) ->
     addrs
 }
 
-/// What a trace read ahead shows of one drain item: the purge event it holds comes at its end,
-/// from its task, with `npurged` areas.
-pub(in crate::replay) struct OneDrain {
-    pub item: DrainItem,
-    pub npurged: u32,
+/// What a trace read ahead shows: at most one drain item, whose purge event comes at its end
+/// from its task with `npurged` areas, and the frees before that event.
+#[derive(Default)]
+pub(in crate::replay) struct Ahead {
+    pub item: Option<DrainItem>,
+    pub npurged: Option<u32>,
+    pub frees: Vec<(u64, u64)>,
 }
 
-impl DrainLookup for OneDrain {
+/// A drain item of task 7 over `[start, end]`, holding a purge event of `npurged` areas.
+pub(in crate::replay) fn one_drain(start: u64, end: u64, npurged: u32) -> Ahead {
+    Ahead {
+        item: Some(DrainItem {
+            pid: 7,
+            start_ns: start,
+            end_ns: end,
+            flush_ns: None,
+        }),
+        npurged: Some(npurged),
+        frees: Vec::new(),
+    }
+}
+
+impl DrainLookup for Ahead {
     fn drain_holding(&self, pid: u32, ts: u64) -> Option<DrainItem> {
-        self.item.holds(pid, ts).then_some(self.item)
+        self.item.filter(|i| i.holds(pid, ts))
     }
     fn next_purge(&self) -> Option<(u32, u64)> {
-        Some((self.item.pid, self.item.end_ns))
+        self.item.map(|i| (i.pid, i.end_ns))
     }
     fn next_npurged(&self) -> Option<u32> {
-        Some(self.npurged)
+        self.npurged
+    }
+    fn frees_ahead(&self, max: usize) -> Vec<(u64, u64)> {
+        self.frees.iter().take(max).copied().collect()
     }
 }

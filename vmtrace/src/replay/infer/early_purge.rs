@@ -229,8 +229,8 @@ impl Replayer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::replay::lookahead::{Blind, DrainItem};
-    use crate::replay::testkit::{lazy_areas, replayer, request, OneDrain, PAGE};
+    use crate::replay::lookahead::Blind;
+    use crate::replay::testkit::{lazy_areas, one_drain, replayer, request, PAGE};
     use crate::replay::ReplayOptions;
 
     /// The kernel reusing a range the model holds lazy shows a pending purge at work; the
@@ -248,15 +248,7 @@ mod tests {
             !r.reuse_shows_purge(addrs[2] + 64 * PAGE, 2 * PAGE),
             "not lazy there"
         );
-        let ahead = OneDrain {
-            item: DrainItem {
-                pid: 7,
-                start_ns: 1_000,
-                end_ns: 5_000,
-                flush_ns: None,
-            },
-            npurged: 3,
-        };
+        let ahead = one_drain(1_000, 5_000, 3);
         r.last_ts = 900;
         assert!(!r.start_early(&ahead));
         assert_eq!((r.drain_work.early_refused, r.rules.early_purges), (1, 0));

@@ -160,25 +160,14 @@ impl Replayer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::replay::lookahead::{DrainItem, DrainLookup};
-    use crate::replay::testkit::{replayer, request};
+    use crate::replay::testkit::{replayer, request, Ahead};
     use crate::replay::ReplayOptions;
 
     /// The first free after the purge event, read ahead: `(va_start, nr_lazy)`.
-    struct NextFree(u64, u64);
-
-    impl DrainLookup for NextFree {
-        fn drain_holding(&self, _pid: u32, _ts: u64) -> Option<DrainItem> {
-            None
-        }
-        fn next_purge(&self) -> Option<(u32, u64)> {
-            None
-        }
-        fn next_npurged(&self) -> Option<u32> {
-            None
-        }
-        fn frees_ahead(&self, _max: usize) -> Vec<(u64, u64)> {
-            vec![(self.0, self.1)]
+    fn next_free(va: u64, nr_lazy: u64) -> Ahead {
+        Ahead {
+            frees: vec![(va, nr_lazy)],
+            ..Ahead::default()
         }
     }
 
@@ -196,9 +185,9 @@ mod tests {
         r.model.free(big).unwrap();
         let mut got = r.model.purge_oldest(false, 1);
         assert_eq!(r.model.lazy_pages(), 3, "the model left the big one");
-        r.reconcile_batch(&mut got, &NextFree(next, 3 + 1));
+        r.reconcile_batch(&mut got, &next_free(next, 3 + 1));
         assert_eq!(r.rules.reconciled, 0, "the kernel left as many pages");
-        r.reconcile_batch(&mut got, &NextFree(next, 1 + 1));
+        r.reconcile_batch(&mut got, &next_free(next, 1 + 1));
         assert_eq!(r.rules.reconciled, 1);
         assert_eq!(r.model.lazy_pages(), 1, "the small one is lazy now");
         assert!(r.model.lazy().find(small).is_some());

@@ -116,8 +116,7 @@ impl Replayer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::replay::lookahead::DrainItem;
-    use crate::replay::testkit::{lazy_areas, replayer, OneDrain};
+    use crate::replay::testkit::{lazy_areas, one_drain, replayer};
     use crate::replay::ReplayOptions;
 
     /// The model's purge starts at the first event after the drain item's start, and only
@@ -127,15 +126,7 @@ mod tests {
         let opts = ReplayOptions::default();
         let mut r = replayer(&opts);
         lazy_areas(&mut r, 3, 2);
-        let ahead = OneDrain {
-            item: DrainItem {
-                pid: 7,
-                start_ns: 1_000,
-                end_ns: 5_000,
-                flush_ns: None,
-            },
-            npurged: 2,
-        };
+        let ahead = one_drain(1_000, 5_000, 2);
         r.start_at_work(999, &ahead);
         assert!(r.rules.early.is_none(), "the item has not started");
         r.start_at_work(1_200, &ahead);
@@ -159,15 +150,7 @@ mod tests {
         let mut r = replayer(&opts);
         lazy_areas(&mut r, 3, 2);
         r.last_purge_ts = 2_000;
-        let ahead = OneDrain {
-            item: DrainItem {
-                pid: 7,
-                start_ns: 1_000,
-                end_ns: 5_000,
-                flush_ns: None,
-            },
-            npurged: 2,
-        };
+        let ahead = one_drain(1_000, 5_000, 2);
         r.start_at_work(3_000, &ahead);
         assert!(r.rules.early.is_none());
         assert_eq!(r.rules.work_starts, 0);

@@ -2,41 +2,13 @@
 //! frees, and the detach-race moves that must take hidden ranges back.
 
 use super::*;
-use crate::model::{DecayRule, NodeLayout, Params, Variant};
-
-const PAGE: u64 = 4096;
-const BASE: u64 = 0x10_0000;
-const PAGES: u64 = 512;
-
-fn params(variant: Variant) -> Params {
-    Params {
-        page_size: PAGE,
-        layout: NodeLayout::new(2, 16 * PAGE),
-        lazy_max_pages: 64,
-        vmalloc_start: BASE,
-        vmalloc_end: BASE + PAGES * PAGE + PAGE - 1,
-        five_level: false,
-        decay: DecayRule::Quarter,
-        variant,
-    }
-}
+use crate::model::tests::{one_page_req, params, PAGE};
+use crate::model::{Params, Variant};
 
 impl TrackedModel {
     /// A whole purge: every lazy area, as the drain work's.
     fn purge(&mut self, full: bool) -> Purged {
         self.purge_oldest(full, usize::MAX)
-    }
-}
-
-fn one_page_req(cpu: u32, p: &Params) -> AllocRequest {
-    AllocRequest {
-        size: PAGE,
-        align: 1,
-        vstart: p.vmalloc_start,
-        vend: p.vmalloc_end,
-        cpu,
-        retry: false,
-        guard: true,
     }
 }
 
