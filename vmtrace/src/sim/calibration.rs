@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use super::after_wait::{self, AfterWait};
 use super::timing::Costs;
 use crate::model::LockCounts;
 use crate::replay::lookahead::DRAIN_FUNCTION;
@@ -111,6 +112,8 @@ pub struct Scan {
     /// Holds the `lock_holds` probe timed, from the footer: per class, the exp2 histogram
     /// (`ClassHolds::histogram`) and the sum.
     holds: BTreeMap<LockClass, MeasuredHolds>,
+    /// Waits paired with the event that ends the waiter's section.
+    pub after_wait: after_wait::Pairs,
 }
 
 /// Lock holds timed by the hold probe, pooled over traces.
@@ -200,6 +203,7 @@ impl Scan {
             }
             return;
         }
+        self.after_wait.record(rec);
         let ctx = match rec {
             Record::Alloc(a) => &a.ctx,
             Record::Free(f) => &f.ctx,
@@ -500,6 +504,10 @@ pub struct HoldEstimate {
     /// The wait estimator's mean hold, beside a measured one, as its check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_estimate_ns: Option<f64>,
+    /// Waiters' own sections measured (`sim::after_wait`), which set `base_ns` instead of
+    /// the wait estimate; the long-hold tail stays the estimator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sections_after_wait: Option<u64>,
 }
 
 /// The empirical distribution of the drain latency, as evenly spaced quantiles.
@@ -615,6 +623,10 @@ pub struct Calibration {
     #[serde(default)]
     pub follow_up: Option<FollowUp>,
     pub holds: Vec<HoldEstimate>,
+    /// Sections measured from the waiters' own next events; absent where the traces have too
+    /// few pool-lock waits to size the probes' cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_wait: Option<AfterWait>,
     /// Every cost, measured or default, and why.
     pub provenance: Vec<Provenance>,
 }
@@ -734,6 +746,7 @@ pub fn estimate_hold(
         tail,
         measured_holds: None,
         wait_estimate_ns: None,
+        sections_after_wait: None,
     })
 }
 
@@ -759,6 +772,7 @@ fn measured_hold(class: LockClass, sections: u64, m: &MeasuredHolds) -> Option<H
         tail,
         measured_holds: Some(m.count),
         wait_estimate_ns: None,
+        sections_after_wait: None,
     })
 }
 
@@ -940,12 +954,22 @@ pub fn calibrate_with(
         }
     }
     let handoff = handoff.map_or(0, |(ns, _)| ns);
+    let after_wait = use_holds
+        .then(|| after_wait::measure(traces.iter().map(|t| &t.scan.after_wait)))
+        .flatten();
     let mut holds = Vec::new();
     let mut tails = BTreeMap::new();
     for (class, name) in ESTIMATED {
         let e = &inputs[&class];
         let residuals: Vec<u64> = e.waits.iter().map(|w| w.saturating_sub(handoff)).collect();
-        let from_waits = estimate_hold(class, e.sections, e.exposure, &residuals);
+        let from_waits = estimate_hold(class, e.sections, e.exposure, &residuals).map(|mut h| {
+            if let Some(own) = after_wait.as_ref().and_then(|a| a.section(class)) {
+                h.wait_estimate_ns = Some(h.mean_hold_ns);
+                h.base_ns = own.section_ns;
+                h.sections_after_wait = Some(own.pairs);
+            }
+            h
+        });
         let timed = use_holds
             .then(|| measured_hold(class, e.sections, &e.holds))
             .flatten()
@@ -957,7 +981,26 @@ pub fn calibrate_with(
         match timed.or(from_waits) {
             Some(h) => {
                 let _ = costs.set(name, h.base_ns);
+                let own = after_wait
+                    .as_ref()
+                    .and_then(|a| Some((a, a.section(class)?)))
+                    .filter(|_| h.measured_holds.is_none());
                 let basis = match h.measured_holds {
+                    None if own.is_some() => {
+                        let (a, o) = own.expect("checked");
+                        format!(
+                            "{} waiters' own sections over {} trace(s), wait end to the task's next {}: median {} ns less {} ns of probe cost (pool-lock pairs); {:.3} % of holds {} ns from the {} waits, whose estimator gave {:.0} ns",
+                            o.pairs,
+                            o.traces,
+                            if class == LockClass::NodeLazyLock { "free" } else { "alloc" },
+                            o.median_pair_ns,
+                            a.overhead_ns,
+                            100.0 * h.tail.tail_share,
+                            h.tail.tail_ns,
+                            h.waits,
+                            h.wait_estimate_ns.unwrap_or(h.mean_hold_ns),
+                        )
+                    }
                     Some(n) => format!(
                         "{n} holds timed (lock_holds) against {} sections: mean hold {:.0} ns, dispersion {:.1}; base {} ns, {:.3} % of holds {} ns; the {} waits gave {}",
                         h.sections,
@@ -1104,6 +1147,7 @@ pub fn calibrate_with(
         drain_free_rate_ratio: (run_ns > 0 && frees > 0)
             .then(|| (in_drains as f64 / run_ns as f64) / (frees as f64 / span.max(1) as f64)),
         holds,
+        after_wait,
         provenance,
     })
 }
@@ -1242,6 +1286,71 @@ mod tests {
         assert_eq!(w.measured_holds, None);
         assert!((w.mean_hold_ns - estimate).abs() < 1e-6);
         assert_ne!(waits.costs.busy_lock_ns, 400);
+    }
+
+    /// Where waiters' own sections were measured they size the class's base hold, the wait
+    /// estimate stays beside it, and timed holds still come first; `--holds-from-waits`
+    /// (`use_holds` false) goes back to the estimator.
+    #[test]
+    fn waiters_own_sections_size_the_hold_between_timed_holds_and_the_estimate() {
+        let mut scan = Scan {
+            first_ts: Some(0),
+            last_ts: 1_000_000_000,
+            events_per_cpu: BTreeMap::from([(0, 5_000), (1, 5_000)]),
+            // Lazy sections of 600 - 282 ns after the probes' cost (see `after_wait`'s tests).
+            after_wait: crate::sim::after_wait::tests::trace(600),
+            ..Scan::default()
+        };
+        for class in [LockClass::NodeLazyLock, LockClass::NodeBusyLock] {
+            scan.waits
+                .insert(class, (0..200).map(|i| 10 + i * 5).collect());
+        }
+        let sections = LockCounts {
+            busy: vec![5_000, 5_000],
+            lazy: vec![5_000, 5_000],
+            ..LockCounts::default()
+        };
+        let run = |scan: Scan, use_holds| {
+            let traces = [TraceTiming {
+                scan,
+                sections: sections.clone(),
+            }];
+            calibrate_with(
+                &traces,
+                Costs::default(),
+                Machine::default(),
+                "test".into(),
+                use_holds,
+            )
+            .unwrap()
+        };
+        let hold = |c: &Calibration, class| c.holds.iter().find(|h| h.class == class).cloned();
+        let own = run(scan.clone(), true);
+        assert_eq!(own.costs.lazy_lock_ns, 318);
+        let lazy = hold(&own, LockClass::NodeLazyLock).unwrap();
+        assert_eq!(lazy.sections_after_wait, Some(40));
+        let estimate = lazy.wait_estimate_ns.expect("kept beside it");
+        assert!(own
+            .provenance
+            .iter()
+            .any(|p| p.cost == "lazy_lock_ns" && p.basis.contains("waiters' own sections")));
+        // The busy lock has no event after its sections: still the estimate.
+        let busy = hold(&own, LockClass::NodeBusyLock).unwrap();
+        assert_eq!(busy.sections_after_wait, None);
+        assert_eq!(own.costs.busy_lock_ns, busy.base_ns);
+
+        let waits = run(scan.clone(), false);
+        let lazy = hold(&waits, LockClass::NodeLazyLock).unwrap();
+        assert_eq!(lazy.sections_after_wait, None);
+        assert!((lazy.mean_hold_ns - estimate).abs() < 1e-6);
+        assert_ne!(waits.costs.lazy_lock_ns, 318);
+        assert!(waits.after_wait.is_none());
+
+        let mut with_holds = scan;
+        with_holds
+            .holds
+            .insert(LockClass::NodeLazyLock, timed(&vec![900u64; 10_000]));
+        assert_eq!(run(with_holds, true).costs.lazy_lock_ns, 900);
     }
 
     #[test]
