@@ -157,9 +157,10 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Size the lock holds from the recorded waits even when the traces carry holds timed by
-    /// the `lock_holds` probe (which are used otherwise): to check the wait estimator against
-    /// a kernel that shows the holds.
+    /// Size the lock holds from the recorded waits alone, even where the traces carry holds
+    /// timed by the `lock_holds` probe or waiters' own sections (the lazy and free-area
+    /// locks: from a wait's end to the waiter's next event), which are used otherwise: to
+    /// check the wait estimator against what the kernel shows.
     #[arg(long)]
     pub holds_from_waits: bool,
 }
