@@ -118,9 +118,11 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
         let r = ratio(metric).unwrap_or_else(|| panic!("{metric} not flagged: {f:?}"));
         assert_eq!(r > 1.0, up, "{metric}: B/A {r}");
     }
-    // Busy-lock waits rise 1.8-4.5x; flagged past the wait-time floor (1.6x) in all ten pairs,
-    // but a factor near the floor is within what the scheduler alone moves, so only the
-    // direction is asserted.
+    // Busy-lock waits rose 1.8-4.5x in the ten pairs of docs/compare.md, but in later runs
+    // also 0.72x and 1.07x: the stress frees its vmalloc'd BPF maps in kworkers
+    // (`bpf_map_free_deferred`), so on two CPUs one thread's frees already meet its own
+    // allocations on the other CPU, and a second thread adds waits the scheduler can hide.
+    // Printed, not asserted.
     let busy = diff["rows"]
         .as_array()
         .unwrap()
@@ -128,7 +130,7 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
         .find(|r| r["group"] == "lock waits: node_busy_lock" && r["metric"] == "waits")
         .and_then(|r| r["ratio"].as_f64())
         .expect("busy-lock waits on both sides");
-    assert!(busy > 1.3, "busy-lock waits B/A {busy}");
+    eprintln!("busy-lock waits B/A {busy:.2}");
     let cmd = diff["header_differences"]
         .as_array()
         .unwrap()
