@@ -47,8 +47,11 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Measure the what-if simulation's inputs from recordings and write them as a calibration.
     ///
-    /// From each trace's `contention` records (`--probes lock_waits`) it estimates the hold time
-    /// of each vmap lock class; from its `work` records (`--probes purge_work`) the drain
+    /// From each trace's `contention` records (`--probes lock_waits`) it sizes the hold time of
+    /// each vmap lock class: from holds timed by `lock_holds` where the kernel allows fentry;
+    /// for the lazy and free-area locks from each waiter's own section (its wait's end to its
+    /// next free or alloc, which the kernel fires right after the unlock); otherwise from the
+    /// waits' counts and lengths. From its `work` records (`--probes purge_work`) the drain
     /// latency distribution and the purge cost. What no trace shows keeps its documented
     /// default, and the file says which ones those are. `vmtrace replay --costs FILE` and
     /// `vmtrace synth --costs FILE` use it. Calibrate on some recordings and validate on
