@@ -19,7 +19,7 @@ use crate::model::{
     AllocRequest, LockCounts, Model, NodeLock, PurgeInProgress, SlotCounts, Variant,
 };
 use crate::sim::calibration::{Calibration, DrainLatency, FollowUp, HoldTail};
-use crate::sim::des::{class_index, Des, LockRef, Op, OpKind, Step, WaitSample};
+use crate::sim::des::{class_index, service_of, Des, LockRef, Op, OpKind, Step, WaitSample};
 use crate::sim::timing::{ClassWait, Costs, Observed, ObservedAcc};
 use crate::trace::{LockClass, Record};
 use crate::workload::rng::SplitMix64;
@@ -404,6 +404,7 @@ impl FreeRunner {
             observed: ObservedAcc::default(),
             strict: opts.strict,
             line: 2,
+            tracepoint_times: header.synthetic.is_none(),
         };
         Ok(Self {
             run,
@@ -672,6 +673,9 @@ struct Run {
     purge_span: Option<DrainLatency>,
     /// The snapshot said the pools were emptied before it.
     seeded_drained: bool,
+    /// Events are stamped where the kernel's tracepoints fire (a recording), not at each
+    /// operation's start (`vmtrace synth`).
+    tracepoint_times: bool,
     /// Only where it can be reported, with drained pools: it keeps every address ever
     /// allocated, a what-if's largest growing structure otherwise.
     bound: Option<PoolBound>,
@@ -896,6 +900,8 @@ impl Run {
         let mut held = self.emit(&mut steps, LockClass::NodePoolLock);
         steps.push(Step::Work(self.costs.alloc_vmap_area_ns));
         held += self.emit(&mut steps, LockClass::FreeAreaLock);
+        // The alloc_vmap_area tracepoint fires here, before the busy insert.
+        let traced = self.traced_ns(&steps);
         held += self.emit(&mut steps, LockClass::NodeBusyLock);
         if got.is_err() {
             // The failure path: a full purge at once under the mutex (after the drain's purge
@@ -922,9 +928,10 @@ impl Run {
         steps.push(Step::Work(rest));
         steps.extend(tail);
         self.sync_prev();
-        self.des.push_op(
+        self.des.push_traced_op(
             a.ctx.cpu,
             a.ctx.ts_ns,
+            traced,
             Op {
                 kind: OpKind::Alloc,
                 steps,
@@ -949,6 +956,17 @@ impl Run {
             Err(_) => self.failures += 1,
         }
         Ok(())
+    }
+
+    /// How much of an operation comes before its event's timestamp: the steps so far on a
+    /// recording, where the timestamp is the tracepoint's; nothing on a synthetic trace,
+    /// whose generator stamps each operation at its start.
+    fn traced_ns(&self, steps: &[Step]) -> u64 {
+        if self.tracepoint_times {
+            service_of(steps)
+        } else {
+            0
+        }
     }
 
     fn free(&mut self, f: &crate::trace::Free) -> Result<(), ReplayError> {
@@ -978,6 +996,8 @@ impl Run {
         let rest = self.costs.free_ns(pages).saturating_sub(held);
         steps.push(Step::Work(rest / 2));
         steps.extend(lazy);
+        // The free_vmap_area_noflush tracepoint fires here, after the lazy insert.
+        let traced = self.traced_ns(&steps);
         steps.push(Step::Work(rest - rest / 2));
         self.sync_prev();
         // While the drain's purge runs, its pages are still in the backlog; the follow-up
@@ -993,9 +1013,10 @@ impl Run {
             self.purge_at = Some(f.ctx.ts_ns.saturating_add(latency));
             drain_latency = Some(latency);
         }
-        self.des.push_op(
+        self.des.push_traced_op(
             f.ctx.cpu,
             f.ctx.ts_ns,
+            traced,
             Op {
                 kind: OpKind::Free,
                 steps,
