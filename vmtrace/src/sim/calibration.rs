@@ -1204,6 +1204,18 @@ mod tests {
         })
     }
 
+    /// `traces` calibrated from the default costs.
+    fn calibrated(traces: &[TraceTiming], use_holds: bool) -> Calibration {
+        calibrate_with(
+            traces,
+            Costs::default(),
+            Machine::default(),
+            "test".into(),
+            use_holds,
+        )
+        .unwrap()
+    }
+
     /// The histogram and sum the hold probe writes for `holds`.
     fn timed(holds: &[u64]) -> MeasuredHolds {
         let mut m = MeasuredHolds::default();
@@ -1256,16 +1268,7 @@ mod tests {
             ..LockCounts::default()
         };
         let traces = [TraceTiming { scan, sections }];
-        let cal = |use_holds| {
-            calibrate_with(
-                &traces,
-                Costs::default(),
-                Machine::default(),
-                "test".into(),
-                use_holds,
-            )
-            .unwrap()
-        };
+        let cal = |use_holds| calibrated(&traces, use_holds);
         let timed = cal(true);
         let h = timed
             .holds
@@ -1311,18 +1314,8 @@ mod tests {
             ..LockCounts::default()
         };
         let run = |scan: Scan, use_holds| {
-            let traces = [TraceTiming {
-                scan,
-                sections: sections.clone(),
-            }];
-            calibrate_with(
-                &traces,
-                Costs::default(),
-                Machine::default(),
-                "test".into(),
-                use_holds,
-            )
-            .unwrap()
+            let sections = sections.clone();
+            calibrated(&[TraceTiming { scan, sections }], use_holds)
         };
         let hold = |c: &Calibration, class| c.holds.iter().find(|h| h.class == class).cloned();
         let own = run(scan.clone(), true);
