@@ -34,6 +34,12 @@ use crate::model::LockCounts;
 use crate::replay::lookahead::DRAIN_FUNCTION;
 use crate::trace::{LockClass, Record};
 
+/// A wait this long is a holder or waiter that stopped running (preempted, interrupted, its
+/// vCPU descheduled), not the rest of a section: the same bound as a waiter's own section
+/// ([`after_wait::WINDOW_NS`]). The estimator counts such waits but leaves them out of the
+/// moments it fits the hold to.
+pub const STALL_WAIT_NS: u64 = after_wait::WINDOW_NS;
+
 /// Frees kept to find a drain's drop: longer than a drain item runs.
 const RECENT_FREES_NS: u64 = 50_000_000;
 
@@ -497,6 +503,10 @@ pub struct HoldEstimate {
     pub dispersion: f64,
     pub base_ns: u64,
     pub tail: HoldTail,
+    /// Waits of [`STALL_WAIT_NS`] or more: counted as waits, left out of the moments (and of
+    /// `mean_wait_ns`).
+    #[serde(default)]
+    pub stalled_waits: u64,
     /// Holds the `lock_holds` probe timed (`waits` and the wait figures are then only
     /// reported): the traces' own holds, used instead of the wait estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -720,12 +730,18 @@ pub fn estimate_hold(
     let mut w = waits.to_vec();
     w.sort_unstable();
     let n = w.len() as f64;
-    let mean_wait = w.iter().map(|&x| x as f64).sum::<f64>() / n;
     let median = quantile(&w, 0.5) as f64;
     let p_wait = (n / sections as f64).min(0.99);
+    // Every wait counts as an arrival that found the lock held, but only the waits of the
+    // body give the moments: one stall of milliseconds outweighs thousands of microsecond
+    // waits in the third moment, and the mixture then spends its tail on it.
+    let body = w.partition_point(|&x| x < STALL_WAIT_NS);
+    let body = if body == 0 { &w[..] } else { &w[..body] };
+    let nb = body.len() as f64;
     // Waits = E[S] × exposure; a waiter's mean wait is the residual E[S²] / (2 E[S]),
     // stretched by 1 / (1 − ρ) for the waiters queued ahead (M/G/1, ρ ≈ p_wait).
-    let mean_sq_wait = w.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / n;
+    let mean_wait = body.iter().map(|&x| x as f64).sum::<f64>() / nb;
+    let mean_sq_wait = body.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / nb;
     let mean_hold = n / exposure;
     // The residual R of a hold S has E[R] = E[S²] / (2 E[S]) and E[R²] = E[S³] / (3 E[S]).
     let second = 2.0 * mean_hold * (1.0 - p_wait) * mean_wait;
@@ -744,6 +760,7 @@ pub fn estimate_hold(
         dispersion,
         base_ns,
         tail,
+        stalled_waits: (w.len() - body.len()) as u64,
         measured_holds: None,
         wait_estimate_ns: None,
         sections_after_wait: None,
@@ -770,6 +787,7 @@ fn measured_hold(class: LockClass, sections: u64, m: &MeasuredHolds) -> Option<H
         dispersion: second / (mean * mean),
         base_ns,
         tail,
+        stalled_waits: 0,
         measured_holds: Some(m.count),
         wait_estimate_ns: None,
         sections_after_wait: None,
@@ -1014,9 +1032,11 @@ pub fn calibrate_with(
                             .map_or("no estimate".into(), |w| format!("{w:.0} ns")),
                     ),
                     None => format!(
-                        "{} waits over {} sections: mean hold {:.0} ns, dispersion {:.1}; base {} ns, {:.3} % of holds {} ns",
+                        "{} waits over {} sections ({} of them {} µs or more, left out of the moments as stalls): mean hold {:.0} ns, dispersion {:.1}; base {} ns, {:.3} % of holds {} ns",
                         h.waits,
                         h.sections,
+                        h.stalled_waits,
+                        STALL_WAIT_NS / 1000,
                         h.mean_hold_ns,
                         h.dispersion,
                         h.base_ns,
@@ -1375,6 +1395,46 @@ mod tests {
         assert!((mean / h.mean_hold_ns - 1.0).abs() < 0.02, "{h:?}");
         assert!((second / h.second_moment_ns2 - 1.0).abs() < 0.02, "{h:?}");
         assert!(b > 10.0 * a && p < 0.2, "{h:?}");
+    }
+
+    /// A few stalls of milliseconds must not take the long-hold tail away from the body: with
+    /// them in the moments, the tail goes to the stalls and the body's 2 µs holds vanish.
+    #[test]
+    fn stalled_waits_count_but_do_not_set_the_tail() {
+        // 98 % of holds 100 ns, 2 % 2000 ns: residuals uniform over each hold, weighted by
+        // its length, as a waiter arriving at a random time meets them.
+        let exposure = 10.0;
+        let mut body = Vec::new();
+        for i in 0..980u64 {
+            body.push(1 + i * 99 / 980);
+        }
+        for i in 0..2_000u64 {
+            body.push(1 + i * 1_999 / 2_000);
+        }
+        let clean = estimate_hold(LockClass::NodeBusyLock, 10_000_000, exposure, &body).unwrap();
+        let mut stalled = body.clone();
+        stalled.extend([3_000_000, 5_000_000]);
+        let h = estimate_hold(LockClass::NodeBusyLock, 10_000_000, exposure, &stalled).unwrap();
+        assert_eq!(h.stalled_waits, 2, "{h:?}");
+        assert_eq!(h.waits, clean.waits + 2, "the stalls are still waits");
+        assert!(
+            (h.tail.tail_ns as f64 / clean.tail.tail_ns as f64 - 1.0).abs() < 0.01,
+            "{h:?} against {clean:?}"
+        );
+        assert!(
+            (1_000..4_000).contains(&h.tail.tail_ns),
+            "the body's long holds: {h:?}"
+        );
+        // Without the cut the third moment belongs to the stalls: the input would set a tail
+        // of milliseconds, which the body cannot.
+        let all: Vec<f64> = stalled.iter().map(|&x| x as f64).collect();
+        let n = all.len() as f64;
+        let m1 = n / exposure;
+        let p = n / 10_000_000.0;
+        let m2 = 2.0 * m1 * (1.0 - p) * all.iter().sum::<f64>() / n;
+        let m3 = 3.0 * m1 * (1.0 - p) * all.iter().map(|x| x * x).sum::<f64>() / n;
+        let (_, b, _) = two_points(m1, m2, m3).unwrap();
+        assert!(b > 1e6, "uncut, the tail is the stalls: {b}");
     }
 
     #[test]
