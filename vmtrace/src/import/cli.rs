@@ -14,8 +14,10 @@ use super::{import, ImportOptions};
 #[derive(Debug, Args)]
 pub struct ImportArgs {
     /// Text output of the vmalloc tracepoints: `perf script` (after `perf record -e
-    /// 'vmalloc:*'`), `trace-cmd report`, or the tracefs `trace` file. `.gz` and `.zst` are read
-    /// as they are; `-` reads stdin (held in memory: the input is read twice).
+    /// 'vmalloc:*'`), `trace-cmd report`, or the tracefs `trace` file. Drain work items
+    /// (`workqueue:workqueue_execute_*`) and lock waits (`lock:contention_begin/end`, with the
+    /// kernel stack printed under each: `perf record -g`) are read too. `.gz` and `.zst` are
+    /// read as they are; `-` reads stdin (held in memory: the input is read twice).
     pub input: PathBuf,
 
     /// The input's format; detected from the first event line when not given (`perf-script`
@@ -115,18 +117,22 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
             "events": summary.events,
             "other_events": summary.other_events,
             "repeated_lines": summary.repeated_lines,
+            "drain_items": summary.drain_items,
+            "lock_waits": summary.lock_waits,
             "cpus": summary.cpus,
             "inferred": summary.inferred,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
     eprintln!(
-        "vmtrace import: {} lines of {}: {} alloc, {} free, {} purge; {} events of other kinds skipped",
+        "vmtrace import: {} lines of {}: {} alloc, {} free, {} purge, {} drain items, {} lock waits on vmap paths; {} events of other kinds skipped",
         summary.lines,
         summary.format.name(),
         summary.events.alloc,
         summary.events.free,
         summary.events.purge,
+        summary.drain_items,
+        summary.lock_waits,
         summary.other_events
     );
     for note in &summary.inferred {

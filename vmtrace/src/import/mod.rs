@@ -23,10 +23,10 @@ use crate::model::{lazy_max_pages, NodeLayout};
 use crate::replay::lookahead::DRAIN_FUNCTION;
 use crate::trace::wire::SystemFacts;
 use crate::trace::{
-    EventCounts, Footer, Header, Imported, KAddr, Record, StopReason, Tool, VmallocArea,
-    VmallocSnapshot, VmapFacts, Work, WorkStart, FORMAT, VERSION,
+    Contention, EventCounts, Footer, Header, Imported, KAddr, Record, StopReason, Tool,
+    VmallocArea, VmallocSnapshot, VmapFacts, Work, WorkStart, FORMAT, VERSION,
 };
-use parse::{Format, WorkEdge};
+use parse::{Format, LockEdge, WorkEdge};
 
 /// x86_64's page size: none of the three formats prints it, and every vmalloc size is a
 /// multiple of it.
@@ -95,6 +95,9 @@ struct Facts {
     drain_items: u64,
     /// Timestamps printed with 6 fractional digits (µs).
     micro: bool,
+    /// `lock:contention_begin` and `_end` lines, and the begins among them.
+    lock_edges: u64,
+    lock_begins: u64,
 }
 
 /// What was imported.
@@ -109,6 +112,8 @@ pub struct ImportSummary {
     pub repeated_lines: u64,
     /// `drain_vmap_area_work` items written as `work` records (with their `work_start`).
     pub drain_items: u64,
+    /// Waits on vmap paths written as `contention` records.
+    pub lock_waits: u64,
     pub cpus: u32,
     /// Header facts and records that were inferred or are missing.
     pub inferred: Vec<String>,
@@ -121,6 +126,11 @@ enum Line<'a> {
     Vmalloc(&'a str),
     /// An edge of a `drain_vmap_area_work` item (other work items count as other events).
     Drain { edge: WorkEdge, work: u64 },
+    /// An edge of a lock wait, with the kernel stack printed under it (empty without one).
+    Lock {
+        edge: LockEdge,
+        frames: &'a [String],
+    },
 }
 
 /// One pass over the lines: calls `each` with every kept event line's 1-based number, its
@@ -135,12 +145,29 @@ fn scan<R: BufRead>(
     let mut other = 0u64;
     let mut repeated = 0u64;
     let mut previous = String::new();
+    // A lock wait's begin waits here for the stack printed under it, until the next event line.
+    let mut held: Option<(u64, parse::Prefix, LockEdge)> = None;
+    let mut frames: Vec<String> = Vec::new();
     for line in input.lines() {
         n += 1;
         let line = line?;
         let Some(p) = parse::prefix(&line) else {
+            if held.is_some() {
+                frames.extend(parse::frame(&line));
+            }
             continue;
         };
+        if let Some((at, hp, edge)) = held.take() {
+            each(
+                at,
+                &hp,
+                Line::Lock {
+                    edge,
+                    frames: &frames,
+                },
+            )?;
+            frames.clear();
+        }
         let p = p.map_err(|msg| ImportError::Line { line: n, msg })?;
         let kept = if let Some(name) = parse::vmalloc_event(&p.event) {
             Line::Vmalloc(name)
@@ -152,6 +179,10 @@ fn scan<R: BufRead>(
                 continue;
             }
             Line::Drain { edge, work }
+        } else if let Some(begin) = parse::lock_event(&p.event) {
+            let edge = parse::lock_fields(begin, &p.rest)
+                .map_err(|msg| ImportError::Line { line: n, msg })?;
+            Line::Lock { edge, frames: &[] }
         } else {
             other += 1;
             continue;
@@ -190,7 +221,25 @@ fn scan<R: BufRead>(
             }
             _ => {}
         }
+        if let Line::Lock {
+            edge: edge @ LockEdge::Begin { .. },
+            ..
+        } = kept
+        {
+            held = Some((n, p, edge));
+            continue;
+        }
         each(n, &p, kept)?;
+    }
+    if let Some((at, hp, edge)) = held.take() {
+        each(
+            at,
+            &hp,
+            Line::Lock {
+                edge,
+                frames: &frames,
+            },
+        )?;
     }
     Ok(Scanned {
         lines: n,
@@ -248,6 +297,17 @@ pub fn import<R: BufRead, W: std::io::Write>(
         facts.micro |= p.frac_digits <= 6;
         let name = match kept {
             Line::Vmalloc(name) => name,
+            Line::Lock { edge, .. } => {
+                if cut.is_some() {
+                    clock.stamp(p);
+                }
+                facts.lock_edges += 1;
+                facts.max_cpu = facts.max_cpu.max(p.cpu);
+                if matches!(edge, LockEdge::Begin { .. }) {
+                    facts.lock_begins += 1;
+                }
+                return Ok(());
+            }
             Line::Drain { edge, .. } => {
                 // Stamped as the second pass will, so the dump's cut lands at the same time.
                 if cut.is_some() {
@@ -359,6 +419,12 @@ pub fn import<R: BufRead, W: std::io::Write>(
             facts.drain_items
         ));
     }
+    if facts.lock_begins > 0 {
+        inferred.push(format!(
+            "lock waits: {} contention_begin lines; those whose printed kernel stack passes through a vmap lock's user are contention records, classified from that stack and the lock's address as the lock_waits probe does (none without stacks: record with -g, or the stacktrace option)",
+            facts.lock_begins
+        ));
+    }
     let mut snapshot_at = first_ts.saturating_sub(2);
     let snapshot_areas = match &opts.snapshot {
         Some(a) => {
@@ -465,10 +531,15 @@ pub fn import<R: BufRead, W: std::io::Write>(
     // worker from start to end.
     let mut running: HashMap<(u32, u64), u64> = HashMap::new();
     let mut written_items = 0u64;
+    let mut locks = LockWaits::new(layout.nr_nodes());
     scan(open()?, Some(format), |line, p, kept| {
         let ts = clock.stamp(p);
         let ctx = parse::ctx(p, ts);
         let r = match kept {
+            Line::Lock { edge, frames } => match locks.edge(p, ts, edge, frames) {
+                Some(c) => Record::Contention(Box::new(c)),
+                None => return Ok(()),
+            },
             Line::Vmalloc(name) => {
                 parse::record(name, &p.rest, ctx).map_err(|msg| ImportError::Line { line, msg })?
             }
@@ -531,9 +602,115 @@ pub fn import<R: BufRead, W: std::io::Write>(
         other_events: other,
         repeated_lines: repeated,
         drain_items: written_items,
+        lock_waits: locks.written,
         cpus,
         inferred,
     })
+}
+
+/// Waits on the vmap locks from `lock:contention_begin/end` pairs, kept and classified the way
+/// the `lock_waits` probe keeps them: a wait counts when the stack printed under its begin
+/// passes through a function of mm/vmalloc.c that takes a vmap lock
+/// ([`LOCK_FUNCTIONS`](crate::probe::loader::LOCK_FUNCTIONS)), and the same classifier names
+/// its lock from that stack and the lock's address. Text without stacks (perf without `-g`,
+/// ftrace without the `stacktrace` option) cannot show which waits those are, so none is kept.
+struct LockWaits {
+    classifier: crate::probe::contention::Classifier,
+    /// Begun and not yet ended, by CPU for a spinlock (its waiter spins where it began) and by
+    /// task for a sleeping lock: the begin's time, flags, lock and stack.
+    spinning: HashMap<u32, Begun>,
+    sleeping: HashMap<u32, Begun>,
+    written: u64,
+}
+
+struct Begun {
+    ts: u64,
+    lock: u64,
+    flags: u32,
+    stack: Vec<String>,
+}
+
+/// `LCB_F_SPIN` and `LCB_F_MUTEX`: a wait with SPIN alone spins on its CPU.
+const LCB_F_SPIN: u32 = 1;
+const LCB_F_MUTEX: u32 = 1 << 5;
+
+impl LockWaits {
+    fn new(nr_nodes: u32) -> Self {
+        Self {
+            classifier: crate::probe::contention::Classifier::new(nr_nodes),
+            spinning: HashMap::new(),
+            sleeping: HashMap::new(),
+            written: 0,
+        }
+    }
+
+    /// Takes one edge; a completed wait on a vmap path comes back as its record (the caller
+    /// sets the context: the end's task, CPU and time).
+    fn edge(
+        &mut self,
+        p: &parse::Prefix,
+        ts: u64,
+        edge: LockEdge,
+        frames: &[String],
+    ) -> Option<Contention> {
+        match edge {
+            LockEdge::Begin { lock, flags } => {
+                if !on_vmap_path(frames) {
+                    return None;
+                }
+                let begun = Begun {
+                    ts,
+                    lock,
+                    flags,
+                    stack: frames.to_vec(),
+                };
+                if flags & (LCB_F_SPIN | LCB_F_MUTEX) == LCB_F_SPIN {
+                    self.spinning.insert(p.cpu, begun);
+                } else {
+                    // A mutex reports a spinning phase and then a sleeping one: keep the first.
+                    self.sleeping.entry(p.pid).or_insert(begun);
+                }
+                None
+            }
+            LockEdge::End { lock, ret } => {
+                let b = match self.spinning.get(&p.cpu) {
+                    Some(b) if b.lock == lock => self.spinning.remove(&p.cpu),
+                    _ => match self.sleeping.get(&p.pid) {
+                        Some(b) if b.lock == lock => self.sleeping.remove(&p.pid),
+                        _ => None,
+                    },
+                }?;
+                let c = self.classifier.classify(&b.stack, b.lock, b.flags);
+                self.written += 1;
+                Some(Contention {
+                    ctx: parse::ctx(p, ts),
+                    lock: KAddr(b.lock),
+                    flags: b.flags,
+                    wait_ns: ts.saturating_sub(b.ts),
+                    ret,
+                    class: c.class,
+                    node: c.node,
+                    stack_id: 0,
+                    stack: b.stack,
+                    probe_ns: None,
+                })
+            }
+        }
+    }
+}
+
+/// Whether a stack (innermost first) is one the `lock_waits` probe keeps: through a vmap
+/// lock's user, not through the ring buffer's own functions.
+fn on_vmap_path(frames: &[String]) -> bool {
+    use crate::probe::loader::{LOCK_FUNCTIONS, SELF_FUNCTIONS};
+    let function =
+        |f: &String| crate::host::kallsyms::base_name(f.split('+').next().unwrap_or(f)).to_string();
+    frames
+        .iter()
+        .any(|f| LOCK_FUNCTIONS.contains(&function(f).as_str()))
+        && !frames
+            .iter()
+            .any(|f| SELF_FUNCTIONS.contains(&function(f).as_str()))
 }
 
 #[cfg(test)]

@@ -217,6 +217,96 @@ pub fn work_fields(rest: &str) -> Result<(u64, &str), String> {
     Ok((work, function))
 }
 
+/// An edge of a lock wait, `lock:contention_begin` or `lock:contention_end`, with its fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockEdge {
+    Begin { lock: u64, flags: u32 },
+    End { lock: u64, ret: i32 },
+}
+
+/// The lock contention events, with or without their system: true for the begin.
+pub fn lock_event(event: &str) -> Option<bool> {
+    match event.strip_prefix("lock:").unwrap_or(event) {
+        "contention_begin" => Some(true),
+        "contention_end" => Some(false),
+        _ => None,
+    }
+}
+
+/// `LCB_F_*` names as `__print_flags` writes them in `include/trace/events/lock.h`.
+const LCB_FLAGS: [(&str, u32); 6] = [
+    ("SPIN", 1 << 0),
+    ("READ", 1 << 1),
+    ("WRITE", 1 << 2),
+    ("RT", 1 << 3),
+    ("PERCPU", 1 << 4),
+    ("MUTEX", 1 << 5),
+];
+
+/// `%p (flags=%s)` (begin) and `%p (ret=%d)` (end). The lock's address is raw from perf and
+/// trace-cmd and hashed in the tracefs file, which still pairs a wait's two edges.
+pub fn lock_fields(begin: bool, rest: &str) -> Result<LockEdge, String> {
+    let s = rest.trim();
+    let (addr, tail) = s
+        .split_once(' ')
+        .ok_or_else(|| format!("`{s}`: expected `ADDR (flags=…)` or `ADDR (ret=…)`"))?;
+    let hex = addr
+        .strip_prefix("0x")
+        .or_else(|| addr.strip_prefix("0X"))
+        .unwrap_or(addr);
+    let lock = u64::from_str_radix(hex, 16).map_err(|e| format!("lock {addr}: {e}"))?;
+    let inner = tail
+        .trim()
+        .strip_prefix('(')
+        .and_then(|t| t.strip_suffix(')'))
+        .ok_or_else(|| format!("`{s}`: the fields are not in parentheses"))?;
+    if begin {
+        let names = inner
+            .strip_prefix("flags=")
+            .ok_or_else(|| format!("`{s}`: no flags="))?;
+        let mut flags = 0u32;
+        for name in names.split('|').filter(|n| !n.is_empty()) {
+            flags |= match LCB_FLAGS.iter().find(|(n, _)| *n == name) {
+                Some((_, bit)) => *bit,
+                // `__print_flags` writes bits it has no name for as a hex number.
+                None => name
+                    .strip_prefix("0x")
+                    .and_then(|h| u32::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| format!("flags {names}: unknown flag {name}"))?,
+            };
+        }
+        Ok(LockEdge::Begin { lock, flags })
+    } else {
+        let ret = inner
+            .strip_prefix("ret=")
+            .ok_or_else(|| format!("`{s}`: no ret="))?;
+        let ret = ret.parse::<i32>().map_err(|e| format!("ret={ret}: {e}"))?;
+        Ok(LockEdge::End { lock, ret })
+    }
+}
+
+/// One frame of a kernel stack printed under an event, as `symbol+0xoff`: perf's callchain
+/// lines (`\tADDR symbol+0xoff ([kernel.kallsyms])`) and the `=> symbol+0xoff/0xsize` lines of
+/// ftrace's and trace-cmd's stack traces. `None` for anything else, user-space frames and
+/// unresolved addresses included.
+pub fn frame(line: &str) -> Option<String> {
+    if !line.starts_with(char::is_whitespace) {
+        return None;
+    }
+    let t = line.trim();
+    if let Some(f) = t.strip_prefix("=> ") {
+        let f = f.trim();
+        let f = f.split_once('/').map_or(f, |(sym, _)| sym);
+        return (!f.is_empty() && !f.starts_with("0x")).then(|| f.to_string());
+    }
+    let (addr, rest) = t.split_once(' ')?;
+    if !addr.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let (symbol, module) = rest.trim().rsplit_once(" (")?;
+    (module.starts_with("[kernel") && symbol != "[unknown]").then(|| symbol.to_string())
+}
+
 /// The task context of an event line, stamped `ts_ns` (the caller's, which keeps µs input in
 /// order).
 pub fn ctx(p: &Prefix, ts_ns: u64) -> Ctx {
@@ -407,6 +497,77 @@ mod tests {
         ] {
             assert!(work_fields(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Lines `perf script --ns` printed on the reference machine after `perf record -a -g -e
+    /// lock:contention_begin -e lock:contention_end`.
+    #[test]
+    fn lock_lines_and_their_frames() {
+        let begin = "stress-1 32268 [001] 36002.183405123:          lock:contention_begin: 0xffffffff83989964 (flags=SPIN)";
+        let p = prefix(begin).unwrap().unwrap();
+        assert_eq!(lock_event(&p.event), Some(true));
+        assert_eq!(
+            lock_fields(true, &p.rest),
+            Ok(LockEdge::Begin {
+                lock: 0xffff_ffff_8398_9964,
+                flags: 1
+            })
+        );
+        let end = "perf-exec 32269 [000] 36002.183098695:            lock:contention_end: 0xffff888627c2fbc0 (ret=0)";
+        let p = prefix(end).unwrap().unwrap();
+        assert_eq!(lock_event(&p.event), Some(false));
+        assert_eq!(
+            lock_fields(false, &p.rest),
+            Ok(LockEdge::End {
+                lock: 0xffff_8886_27c2_fbc0,
+                ret: 0
+            })
+        );
+        assert_eq!(
+            lock_fields(true, "00000000b1c2d3e4 (flags=READ|MUTEX)"),
+            Ok(LockEdge::Begin {
+                lock: 0xb1c2_d3e4,
+                flags: 2 | 32
+            })
+        );
+        assert_eq!(
+            lock_fields(true, "0x10 (flags=SPIN|0x80)"),
+            Ok(LockEdge::Begin {
+                lock: 0x10,
+                flags: 0x81
+            })
+        );
+        for bad in [
+            "0x10",
+            "0xzz (flags=SPIN)",
+            "0x10 flags=SPIN",
+            "0x10 (flags=SPIN|BOGUS)",
+            "0x10 (ret=0)",
+        ] {
+            assert!(lock_fields(true, bad).is_err(), "{bad}");
+        }
+        assert!(lock_fields(false, "0x10 (ret=x)").is_err());
+        assert_eq!(lock_event("sched:sched_switch"), None);
+
+        assert_eq!(
+            frame("\tffffffff82252c7e __pv_queued_spin_lock_slowpath+0x10e ([kernel.kallsyms])")
+                .as_deref(),
+            Some("__pv_queued_spin_lock_slowpath+0x10e")
+        );
+        assert_eq!(
+            frame(" => find_unlink_vmap_area+0x55/0x140").as_deref(),
+            Some("find_unlink_vmap_area+0x55")
+        );
+        assert_eq!(
+            frame("\t           d4ad7 __GI___execve+0x7 (/usr/lib/x86_64-linux-gnu/libc.so.6)"),
+            None,
+            "user-space frames are not the kernel stack"
+        );
+        assert_eq!(
+            frame("\tffffffff82252c7e [unknown] ([kernel.kallsyms])"),
+            None
+        );
+        assert_eq!(frame(begin), None, "an event line is not a frame");
     }
 
     #[test]

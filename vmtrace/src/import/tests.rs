@@ -19,6 +19,12 @@ const FTRACE: &str = include_str!("../../tests/fixtures/import/ftrace.txt");
 /// work items.
 const PERF_WQ: &str = include_str!("../../tests/fixtures/import/perf-script-workqueue.txt");
 const TRACE_CMD: &str = include_str!("../../tests/fixtures/import/trace-cmd.txt");
+/// `perf script --ns` after `perf record -a -g -e lock:contention_begin -e lock:contention_end
+/// -e 'vmalloc:*' -- sleep 1.5` during `vmtrace stress fix-size --pages 16 --threads 2`, same
+/// machine: the first 150 events, then the stretches from the begin to the end of 36 waits whose
+/// stacks pass through mm/vmalloc.c, lines unchanged and in order (every line of the text is
+/// perf's, but the stretches between them are left out).
+const PERF_LOCKS: &str = include_str!("../../tests/fixtures/import/perf-script-locks.txt");
 
 fn run(text: &str, opts: &ImportOptions) -> Result<(ImportSummary, Vec<Record>), ImportError> {
     let mut out = Vec::new();
@@ -296,7 +302,7 @@ fn events_of_other_tracepoints_are_counted_and_skipped() {
         text.push_str(l);
         text.push('\n');
         text.push_str(
-            "     swapper     0 [001] 16736.500000: lock:contention_begin: 0xffff888100000000 (flags=SPIN)\n",
+            "     swapper     0 [001] 16736.500000: sched:sched_switch: prev_comm=swapper prev_pid=0\n",
         );
     }
     // The interleaved lines are out of time order only for other events, which are skipped
@@ -372,4 +378,140 @@ fn a_given_dump_time_places_the_snapshot() {
         note.contains("before event 10 of") && note.contains("at the time given"),
         "{note}"
     );
+}
+
+/// Seconds as perf prints them (`36002.183405123:`) on a line, in ns.
+fn line_ts(line: &str) -> u64 {
+    let p = parse::prefix(line).unwrap().unwrap();
+    p.ts_ns
+}
+
+fn contentions(records: &[Record]) -> Vec<&crate::trace::Contention> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Contention(c) => Some(&**c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits whose begin's stack passes through a vmap lock's user become `contention` records,
+/// timed from their begin to their end on the same CPU and classified from the stack; the
+/// fixture's other waits (scheduler and workqueue locks) are left out.
+#[test]
+fn lock_waits_on_vmap_paths_become_contention_records() {
+    let (s, records) = run(PERF_LOCKS, &ImportOptions::default()).unwrap();
+    let waits = contentions(&records);
+    let begins = PERF_LOCKS
+        .lines()
+        .filter(|l| l.contains("contention_begin:"))
+        .count() as u64;
+    assert_eq!(s.lock_waits, waits.len() as u64);
+    assert!(
+        s.lock_waits > 30 && s.lock_waits < begins,
+        "{} of {begins} waits kept",
+        s.lock_waits
+    );
+    for c in &waits {
+        assert!(
+            c.stack.iter().any(|f| f.starts_with("alloc_vmap_area+")
+                || f.starts_with("find_unlink_vmap_area+")
+                || f.starts_with("purge_vmap_node+")),
+            "{:?}",
+            c.stack
+        );
+    }
+    // One wait read off the text: `find_unlink_vmap_area` takes the busy lock and nothing
+    // else, so its class needs no learning.
+    let lines: Vec<&str> = PERF_LOCKS.lines().collect();
+    let begin = (0..lines.len())
+        .find(|&i| {
+            lines[i].contains("contention_begin:")
+                && lines
+                    .get(i + 3)
+                    .is_some_and(|f| f.contains("find_unlink_vmap_area+"))
+        })
+        .expect("a wait in find_unlink_vmap_area");
+    let lock = lines[begin]
+        .split("contention_begin: ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    let cpu = &lines[begin][lines[begin].find('[').unwrap()..=lines[begin].find(']').unwrap()];
+    let end = (begin + 1..lines.len())
+        .find(|&i| {
+            lines[i].contains("contention_end:")
+                && lines[i].contains(lock)
+                && lines[i].contains(cpu)
+        })
+        .unwrap();
+    let want = line_ts(lines[end]) - line_ts(lines[begin]);
+    let c = waits
+        .iter()
+        .find(|c| c.ctx.ts_ns == line_ts(lines[end]))
+        .expect("the wait's record");
+    assert_eq!(c.wait_ns, want);
+    assert_eq!(c.class, crate::trace::LockClass::NodeBusyLock);
+    assert_eq!(format!("{:#x}", c.lock.0), lock);
+    let classes: std::collections::BTreeSet<_> = waits.iter().map(|c| c.class).collect();
+    assert!(
+        classes.contains(&crate::trace::LockClass::NodePoolLock),
+        "purge_vmap_node's waits on the pool lock: {classes:?}"
+    );
+
+    // The same text without its stacks shows no wait's path: none is kept, nothing else moves.
+    let bare: String = PERF_LOCKS
+        .lines()
+        .filter(|l| !l.starts_with('\t'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (b, bare_records) = run(&bare, &ImportOptions::default()).unwrap();
+    assert_eq!(b.lock_waits, 0);
+    assert!(contentions(&bare_records).is_empty());
+    assert_eq!(b.events, s.events);
+}
+
+/// A spinning waiter is paired on its CPU, a sleeping one on its task, whatever CPU it wakes
+/// on; ftrace's `=> symbol+off/size` stack lines count as frames.
+#[test]
+fn spinning_waits_pair_on_their_cpu_and_sleeping_ones_on_their_task() {
+    let text = "\
+ stress-0-10 [000] d..1. 100.000001000: alloc_vmap_area: va_start=18446683600571846656 size=12288 align=4096 vstart=0xffffc90000000000 vend=0xffffe8ffffffffff failed=0
+ stress-0-10 [000] d..1. 100.000002000: contention_begin: 0xffff888100055820 (flags=SPIN)
+ => __pv_queued_spin_lock_slowpath+0x10e/0x2a0
+ => _raw_spin_lock+0x3b/0x50
+ => find_unlink_vmap_area+0x55/0x140
+ kworker-20 [001] d..1. 100.000002500: contention_begin: 0xffff888100055820 (flags=SPIN)
+ => _raw_spin_lock+0x3b/0x50
+ => find_unlink_vmap_area+0x55/0x140
+ stress-0-10 [000] d..1. 100.000003000: contention_end: 0xffff888100055820 (ret=0)
+ purger-30 [000] d..1. 100.000004000: contention_begin: 0xffffffff83989964 (flags=MUTEX)
+ => __mutex_lock+0x10/0x300
+ => __purge_vmap_area_lazy+0x30/0x600
+ purger-30 [001] d..1. 100.000009000: contention_end: 0xffffffff83989964 (ret=0)
+ kworker-20 [001] d..1. 100.000010000: contention_end: 0xffff888100055820 (ret=0)
+";
+    let (s, records) = run(text, &ImportOptions::default()).unwrap();
+    let waits = contentions(&records);
+    assert_eq!(s.lock_waits, 3);
+    let got: Vec<(u32, u64)> = waits.iter().map(|c| (c.ctx.pid, c.wait_ns)).collect();
+    assert_eq!(got, vec![(10, 1_000), (30, 5_000), (20, 7_500)]);
+    assert_eq!(waits[0].class, crate::trace::LockClass::NodeBusyLock);
+    assert_eq!(waits[1].flags, 32);
+    assert_eq!(
+        waits[0].stack,
+        vec![
+            "__pv_queued_spin_lock_slowpath+0x10e",
+            "_raw_spin_lock+0x3b",
+            "find_unlink_vmap_area+0x55"
+        ]
+    );
+    // A broken lock line stops the import at its number.
+    let broken = text.replace("0xffff888100055820 (ret=0)", "0xffff888100055820 (ret=x)");
+    let (line, msg) = error_line(&broken);
+    assert_eq!(line, 9, "{msg}");
+    assert!(msg.contains("ret"), "{msg}");
 }
