@@ -157,6 +157,11 @@ fn task(s: &str) -> Result<(&str, u32, bool), String> {
         if let Ok(pid) = id.parse::<u32>() {
             return Ok((comm.trim(), pid, false));
         }
+        // perf prints a sample whose task it lost track of (one that had exited) as
+        // `:-1    -1`: the task is unknown, written as `UNKNOWN_PID`.
+        if id == "-1" {
+            return Ok((comm.trim(), UNKNOWN_PID, false));
+        }
     }
     if let Some((comm, id)) = s.rsplit_once('-') {
         if let Ok(pid) = id.parse::<u32>() {
@@ -165,6 +170,9 @@ fn task(s: &str) -> Result<(&str, u32, bool), String> {
     }
     Err(format!("no task id before the CPU column in {s:?}"))
 }
+
+/// The pid written for a task perf printed as `-1`.
+pub const UNKNOWN_PID: u32 = u32::MAX;
 
 /// The name of a vmalloc event, without its system; `None` for other events.
 pub fn vmalloc_event(event: &str) -> Option<&str> {
@@ -255,10 +263,13 @@ pub fn lock_fields(begin: bool, rest: &str) -> Result<LockEdge, String> {
         .or_else(|| addr.strip_prefix("0X"))
         .unwrap_or(addr);
     let lock = u64::from_str_radix(hex, 16).map_err(|e| format!("lock {addr}: {e}"))?;
+    // perf prints an event recorded without a callchain in a `-g` session with its sample's
+    // address and symbol after the fields (`(ret=0) ffffffff8224df0f sym+0x3cf (…)`).
     let inner = tail
         .trim()
         .strip_prefix('(')
-        .and_then(|t| t.strip_suffix(')'))
+        .and_then(|t| t.split_once(')'))
+        .map(|(fields, _)| fields)
         .ok_or_else(|| format!("`{s}`: the fields are not in parentheses"))?;
     if begin {
         let names = inner
@@ -547,6 +558,17 @@ mod tests {
             assert!(lock_fields(true, bad).is_err(), "{bad}");
         }
         assert!(lock_fields(false, "0x10 (ret=x)").is_err());
+        // An event without a callchain in a `perf record -g` session: the sample's symbol follows.
+        assert_eq!(
+            lock_fields(
+                false,
+                "0xffff88810006ac78 (ret=0) ffffffff8224df0f rwsem_down_read_slowpath+0x3cf ([kernel.kallsyms])"
+            ),
+            Ok(LockEdge::End {
+                lock: 0xffff_8881_0006_ac78,
+                ret: 0
+            })
+        );
         assert_eq!(lock_event("sched:sched_switch"), None);
 
         assert_eq!(
@@ -568,6 +590,11 @@ mod tests {
             None
         );
         assert_eq!(frame(begin), None, "an event line is not a frame");
+
+        // A sample perf could no longer give a task: still perf's column layout.
+        let lost = ":-1    -1 [001] 36549.967804316:   lock:contention_begin: 0xffffffff82e08140 (flags=SPIN)";
+        let p = prefix(lost).unwrap().unwrap();
+        assert_eq!((p.pid, p.dashed, p.cpu), (UNKNOWN_PID, false, 1));
     }
 
     #[test]
