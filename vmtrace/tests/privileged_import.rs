@@ -16,6 +16,28 @@ use vmtrace::trace::{AreaKind, Record, TraceReader};
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 
+/// `perf record ARGS -o DATA -- COMMAND…`, then the text of `perf script --ns`.
+fn perf_script(data: &Path, record_args: &[&str], command: &[&str]) -> String {
+    let status = Command::new("perf")
+        .arg("record")
+        .args(record_args)
+        .arg("-o")
+        .arg(data)
+        .arg("--")
+        .args(command)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("perf is installed by cargo xtask setup");
+    assert!(status.success(), "perf record: {status}");
+    let script = Command::new("perf")
+        .args(["script", "--ns", "-i"])
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(script.status.success());
+    String::from_utf8(script.stdout).unwrap()
+}
+
 fn records(path: &Path) -> Vec<Record> {
     TraceReader::new(vmtrace::trace::compress::open(path).unwrap())
         .map(|r| r.unwrap())
@@ -115,26 +137,34 @@ fn perf_script_imports_as_the_native_recording() {
     // it only by the time the machine was suspended, measured here.
     // Read second, the monotonic clock can pass a boot clock that has no suspend in it.
     let offset = clock_ns(libc::CLOCK_BOOTTIME).saturating_sub(clock_ns(libc::CLOCK_MONOTONIC));
-    let status = Command::new("perf")
-        .args(["record", "-q", "-k", "mono", "-a", "-e"])
-        .arg("vmalloc:alloc_vmap_area,vmalloc:free_vmap_area_noflush,vmalloc:purge_vmap_area_lazy")
-        .arg("-o")
-        .arg(&data)
-        .args(["--", VMTRACE, "record", "-q", "--probes", "none", "-o"])
-        .arg(&native)
-        .args(["--", VMTRACE, "stress", "random-size", "--threads", "2"])
-        .args(["--duration", "2s"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("perf is installed by cargo xtask setup");
-    assert!(status.success(), "perf record: {status}");
-    let script = Command::new("perf")
-        .args(["script", "--ns", "-i"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(script.status.success());
-    let text = String::from_utf8(script.stdout).unwrap();
+    let text = perf_script(
+        &data,
+        &[
+            "-q",
+            "-k",
+            "mono",
+            "-a",
+            "-e",
+            "vmalloc:alloc_vmap_area,vmalloc:free_vmap_area_noflush,vmalloc:purge_vmap_area_lazy",
+        ],
+        &[
+            VMTRACE,
+            "record",
+            "-q",
+            "--probes",
+            "none",
+            "-o",
+            native.to_str().unwrap(),
+            "--",
+            VMTRACE,
+            "stress",
+            "random-size",
+            "--threads",
+            "2",
+            "--duration",
+            "2s",
+        ],
+    );
 
     let nat = records(&native);
     let nat_events = events(&nat);
@@ -299,27 +329,35 @@ fn perf_lock_waits_import_with_their_lock_classes() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("perf.data");
-    let status = Command::new("perf")
-        .args(["record", "-q", "-a", "-g", "-e", "lock:contention_begin"])
-        .args(["-e", "lock:contention_end/call-graph=no/"])
-        .args(["-e", "vmalloc:alloc_vmap_area/call-graph=no/"])
-        .args(["-e", "vmalloc:free_vmap_area_noflush/call-graph=no/"])
-        .arg("-o")
-        .arg(&data)
-        .args(["--", VMTRACE, "stress", "fix-size", "--pages", "16"])
-        .args(["--threads", "2", "--duration", "1s"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("perf is installed by cargo xtask setup");
-    assert!(status.success(), "perf record: {status}");
-    let script = Command::new("perf")
-        .args(["script", "--ns", "-i"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(script.status.success());
+    let text = perf_script(
+        &data,
+        &[
+            "-q",
+            "-a",
+            "-g",
+            "-e",
+            "lock:contention_begin",
+            "-e",
+            "lock:contention_end/call-graph=no/",
+            "-e",
+            "vmalloc:alloc_vmap_area/call-graph=no/",
+            "-e",
+            "vmalloc:free_vmap_area_noflush/call-graph=no/",
+        ],
+        &[
+            VMTRACE,
+            "stress",
+            "fix-size",
+            "--pages",
+            "16",
+            "--threads",
+            "2",
+            "--duration",
+            "1s",
+        ],
+    );
     let txt = dir.path().join("perf.txt");
-    std::fs::write(&txt, &script.stdout).unwrap();
+    std::fs::write(&txt, text).unwrap();
     let imported = dir.path().join("imported.jsonl");
     let summary = common::vmtrace_json(
         &["import", "--json", "-o", imported.to_str().unwrap()],

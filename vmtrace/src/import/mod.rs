@@ -157,17 +157,7 @@ fn scan<R: BufRead>(
             }
             continue;
         };
-        if let Some((at, hp, edge)) = held.take() {
-            each(
-                at,
-                &hp,
-                Line::Lock {
-                    edge,
-                    frames: &frames,
-                },
-            )?;
-            frames.clear();
-        }
+        release(&mut held, &mut frames, &mut each)?;
         let p = p.map_err(|msg| ImportError::Line { line: n, msg })?;
         let kept = if let Some(name) = parse::vmalloc_event(&p.event) {
             Line::Vmalloc(name)
@@ -231,22 +221,26 @@ fn scan<R: BufRead>(
         }
         each(n, &p, kept)?;
     }
-    if let Some((at, hp, edge)) = held.take() {
-        each(
-            at,
-            &hp,
-            Line::Lock {
-                edge,
-                frames: &frames,
-            },
-        )?;
-    }
+    release(&mut held, &mut frames, &mut each)?;
     Ok(Scanned {
         lines: n,
         format,
         other,
         repeated,
     })
+}
+
+/// Hands a held lock-wait begin to `each` with the frames printed under it.
+fn release(
+    held: &mut Option<(u64, parse::Prefix, LockEdge)>,
+    frames: &mut Vec<String>,
+    each: &mut impl FnMut(u64, &parse::Prefix, Line<'_>) -> Result<(), ImportError>,
+) -> Result<(), ImportError> {
+    if let Some((at, p, edge)) = held.take() {
+        each(at, &p, Line::Lock { edge, frames })?;
+        frames.clear();
+    }
+    Ok(())
 }
 
 /// What [`scan`] counted over the whole input.

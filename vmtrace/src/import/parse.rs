@@ -210,11 +210,7 @@ pub fn work_fields(rest: &str) -> Result<(u64, &str), String> {
         .and_then(|r| r.split_once(':'))
         .ok_or_else(|| format!("`{s}`: expected `work struct ADDR: function NAME`"))?;
     let text = addr.0.trim();
-    let hex = text
-        .strip_prefix("0x")
-        .or_else(|| text.strip_prefix("0X"))
-        .unwrap_or(text);
-    let work = u64::from_str_radix(hex, 16).map_err(|e| format!("work struct {text}: {e}"))?;
+    let work = hex_pointer(text).map_err(|e| format!("work struct {text}: {e}"))?;
     let function = addr
         .1
         .trim()
@@ -241,6 +237,16 @@ pub fn lock_event(event: &str) -> Option<bool> {
     }
 }
 
+/// A `%p` as the tools print it: hex, with `0x` (raw, perf and trace-cmd) or without (hashed,
+/// the tracefs file).
+fn hex_pointer(text: &str) -> Result<u64, std::num::ParseIntError> {
+    let hex = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    u64::from_str_radix(hex, 16)
+}
+
 /// `LCB_F_*` names as `__print_flags` writes them in `include/trace/events/lock.h`.
 const LCB_FLAGS: [(&str, u32); 6] = [
     ("SPIN", 1 << 0),
@@ -258,11 +264,7 @@ pub fn lock_fields(begin: bool, rest: &str) -> Result<LockEdge, String> {
     let (addr, tail) = s
         .split_once(' ')
         .ok_or_else(|| format!("`{s}`: expected `ADDR (flags=…)` or `ADDR (ret=…)`"))?;
-    let hex = addr
-        .strip_prefix("0x")
-        .or_else(|| addr.strip_prefix("0X"))
-        .unwrap_or(addr);
-    let lock = u64::from_str_radix(hex, 16).map_err(|e| format!("lock {addr}: {e}"))?;
+    let lock = hex_pointer(addr).map_err(|e| format!("lock {addr}: {e}"))?;
     // perf prints an event recorded without a callchain in a `-g` session with its sample's
     // address and symbol after the fields (`(ret=0) ffffffff8224df0f sym+0x3cf (…)`).
     let inner = tail
