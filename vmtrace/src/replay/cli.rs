@@ -559,6 +559,24 @@ fn render_calibration(c: &Calibration) -> String {
             );
         }
     }
+    for t in c.traces.iter().filter(|t| !t.mean_wait_ns.is_empty()) {
+        let classes: Vec<String> = t
+            .mean_wait_ns
+            .iter()
+            .map(|(class, ns)| format!("{} {ns:.0}", class.name()))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  mean wait (ns, waits under {} µs) in {}: {}",
+            crate::sim::calibration::STALL_WAIT_NS / 1000,
+            if t.path.is_empty() {
+                "a trace"
+            } else {
+                &t.path
+            },
+            classes.join(", ")
+        );
+    }
     let st = c.stalls;
     let _ = writeln!(
         s,

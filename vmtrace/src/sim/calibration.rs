@@ -590,12 +590,39 @@ pub struct Machine {
 }
 
 /// One calibrated trace.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CalibratedTrace {
     pub path: String,
     pub duration_ns: u64,
     pub waits: u64,
     pub drain_items: u64,
+    /// Mean wait of each class with at least [`WAIT_SCALE_MIN`] waits, stalls left out. Set
+    /// beside each other they show how much of a wait's length is the recording's rather than
+    /// the lock's (docs/model.md, "Wait lengths belong to the recording more than to the lock").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mean_wait_ns: BTreeMap<LockClass, f64>,
+}
+
+/// Waits a class needs in one trace before its mean wait is reported.
+pub const WAIT_SCALE_MIN: usize = 30;
+
+impl Scan {
+    /// See [`CalibratedTrace::mean_wait_ns`].
+    pub fn mean_waits(&self) -> BTreeMap<LockClass, f64> {
+        self.waits
+            .iter()
+            .filter(|(c, _)| **c != LockClass::Other)
+            .filter_map(|(c, w)| {
+                let body: Vec<f64> = w
+                    .iter()
+                    .filter(|&&x| x < STALL_WAIT_NS)
+                    .map(|&x| x as f64)
+                    .collect();
+                (body.len() >= WAIT_SCALE_MIN)
+                    .then(|| (*c, body.iter().sum::<f64>() / body.len() as f64))
+            })
+            .collect()
+    }
 }
 
 /// What `vmtrace calibrate` writes and `--costs FILE` reads.
@@ -1144,6 +1171,7 @@ pub fn calibrate_with(
                 duration_ns: t.scan.duration_ns(),
                 waits: t.scan.waits(),
                 drain_items: t.scan.drain_latencies.len() as u64,
+                mean_wait_ns: t.scan.mean_waits(),
             })
             .collect(),
         costs,
@@ -1197,6 +1225,40 @@ mod tests {
         assert_eq!(n, 1200);
         assert!((100..=102).contains(&ns), "{ns}");
         assert_eq!(spin_handoff([&busy[..99]].into_iter()), None);
+    }
+
+    /// Each trace's mean wait per class: stalls left out, classes with too few waits and
+    /// `other` left out.
+    #[test]
+    fn mean_waits_per_class_leave_out_stalls_and_thin_classes() {
+        let wait = |ts: u64, class: LockClass, wait_ns: u64| {
+            Record::Contention(Box::new(crate::trace::Contention {
+                ctx: ctx(ts, 0),
+                lock: KAddr(0x10),
+                flags: 1,
+                wait_ns,
+                ret: 0,
+                class,
+                node: None,
+                stack_id: 0,
+                stack: Vec::new(),
+                probe_ns: None,
+            }))
+        };
+        let mut s = Scan::default();
+        for i in 0..WAIT_SCALE_MIN as u64 {
+            s.record(&wait(i, LockClass::NodeBusyLock, 1_000 + 100 * (i % 2)));
+            s.record(&wait(i, LockClass::Other, 500));
+        }
+        s.record(&wait(100, LockClass::NodeBusyLock, 5 * STALL_WAIT_NS));
+        for i in 0..WAIT_SCALE_MIN as u64 - 1 {
+            s.record(&wait(200 + i, LockClass::NodePoolLock, 300));
+        }
+        let m = s.mean_waits();
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(m[&LockClass::NodeBusyLock], 1_050.0);
+        s.record(&wait(300, LockClass::NodePoolLock, 300));
+        assert_eq!(s.mean_waits()[&LockClass::NodePoolLock], 300.0);
     }
 
     /// A free on `cpu` reporting `nr_lazy` against a threshold of 100.
