@@ -97,6 +97,8 @@ struct Facts {
     micro: bool,
     /// `lock:contention_begin` and `_end` lines, and the begins among them.
     lock_edges: u64,
+    /// `workqueue_execute_start` and `_end` lines of drain items.
+    drain_edges: u64,
     lock_begins: u64,
 }
 
@@ -308,6 +310,7 @@ pub fn import<R: BufRead, W: std::io::Write>(
                     clock.stamp(p);
                 }
                 facts.drain_items += u64::from(edge == WorkEdge::Start);
+                facts.drain_edges += 1;
                 return Ok(());
             }
         };
@@ -346,8 +349,14 @@ pub fn import<R: BufRead, W: std::io::Write>(
     } = scanned;
     facts.format = format;
     facts.other_events = other;
-    let (Some(format), Some(first_ts)) = (facts.format, facts.first_ts) else {
-        return Err(ImportError::Empty { lines, other });
+    // Lock waits and drain items alone replay nothing: the text must hold vmalloc events.
+    let (Some(format), Some(first_ts), true) =
+        (facts.format, facts.first_ts, facts.events.total() > 0)
+    else {
+        return Err(ImportError::Empty {
+            lines,
+            other: other + facts.lock_edges + facts.drain_edges,
+        });
     };
 
     let mut inferred = Vec::new();

@@ -509,6 +509,12 @@ fn spinning_waits_pair_on_their_cpu_and_sleeping_ones_on_their_task() {
             "find_unlink_vmap_area+0x55"
         ]
     );
+    // Lock waits alone are no trace: the import wants vmalloc events.
+    let locks_only: String = text.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    match run(&locks_only, &ImportOptions::default()) {
+        Err(ImportError::Empty { lines, other }) => assert_eq!((lines, other), (13, 6)),
+        r => panic!("{:?}", r.map(|r| r.0)),
+    }
     // A broken lock line stops the import at its number.
     let broken = text.replace("0xffff888100055820 (ret=0)", "0xffff888100055820 (ret=x)");
     let (line, msg) = error_line(&broken);
