@@ -67,6 +67,13 @@ pub struct FidelityArgs {
     #[arg(long, default_value_t = 5, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub seeds: u32,
 
+    /// Skip the in-sample ceiling: each recording calibrated on itself alone and validated on
+    /// itself (seed 1). It is not a prediction; set beside the held-out figures, it tells a
+    /// calibration that does not carry over to other recordings (in sample good, held out
+    /// poor) from a simulation that cannot reproduce even the recording it was calibrated on.
+    #[arg(long)]
+    pub no_in_sample: bool,
+
     /// Use this vmtrace binary instead of building one (release) from the workspace.
     #[arg(long, value_name = "PATH")]
     pub vmtrace: Option<PathBuf>,
@@ -342,6 +349,52 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         calibration_file = Some(cal);
     }
 
+    let mut in_sample: BTreeMap<String, Vec<Vec<Check>>> = BTreeMap::new();
+    if !args.no_free_running && !args.no_in_sample {
+        let dir = out.join("in-sample");
+        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for r in &manifest.recordings {
+            banner(&format!(
+                "[{}] {}: in sample (calibrated on itself), seed 1",
+                r.split.name(),
+                r.name
+            ));
+            let trace = corpus.join(&r.file);
+            let cal = dir.join(format!("{}.calibration.json", r.name));
+            // The calibration's own report is in the file; only its progress is shown.
+            cmd::stdout_of(
+                Command::new(&vmtrace)
+                    .arg("calibrate")
+                    .arg(&trace)
+                    .arg("-o")
+                    .arg(&cal),
+            )?;
+            let text = cmd::stdout_of(
+                Command::new(&vmtrace)
+                    .arg("replay")
+                    .arg(&trace)
+                    .args(["--free-running", "--json", "--seed", "1"])
+                    .arg("--costs")
+                    .arg(&cal),
+            )?;
+            fs::write(dir.join(format!("{}.free-running.json", r.name)), &text)?;
+            let doc: Value = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "vmtrace replay {} --free-running (in sample) printed no JSON",
+                    trace.display()
+                )
+            })?;
+            let checks = parse_validation(&doc)
+                .with_context(|| format!("{}: no validation in the what-if", r.name))?;
+            println!(
+                "  {} of {} figures within target",
+                checks.iter().filter(|c| c.within).count(),
+                checks.len()
+            );
+            in_sample.insert(r.name.clone(), vec![checks]);
+        }
+    }
+
     let validation: BTreeMap<String, Vec<Check>> = seeded
         .iter()
         .filter_map(|(name, runs)| Some((name.clone(), runs.first()?.clone())))
@@ -355,6 +408,7 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         within_target: within_counts(&manifest, &validation),
         validation,
         seeds: (!seeded.is_empty()).then(|| spread(&manifest, &seeded)),
+        in_sample: (!in_sample.is_empty()).then(|| spread(&manifest, &in_sample)),
     };
     let json = serde_json::to_string_pretty(&result)? + "\n";
     let json_path = out.join("fidelity.json");
@@ -739,6 +793,10 @@ struct Fidelity {
     /// The validation over several seeds; absent in runs from before `--seeds`.
     #[serde(default)]
     seeds: Option<SeedSpread>,
+    /// Each recording calibrated on itself and validated on itself (seed 1): the in-sample
+    /// ceiling, never a prediction. Absent in runs from before it, or with `--no-in-sample`.
+    #[serde(default)]
+    in_sample: Option<SeedSpread>,
 }
 
 /// The free-running validation over seeds 1 to `seeds`, per split.
@@ -982,7 +1040,70 @@ fn render(f: &Fidelity) -> String {
             let _ = writeln!(s);
         }
     }
+    if let (Some(held), Some(own)) = (&f.seeds, &f.in_sample) {
+        render_in_sample(&mut s, held, own);
+    }
     s
+}
+
+/// Where a metric's held-out error lies, read from its in-sample error (same metric, same
+/// split): `transfer` when calibrating on the recording itself at least halves the error (the
+/// calibration does not carry over between recordings), `simulation` when it does not lower
+/// it at all (the simulation cannot reproduce even the recording it was fitted to), `both`
+/// in between, and `-` when the held-out error is already under ln 1.1.
+fn error_lies_in(held_out: f64, in_sample: f64) -> &'static str {
+    if held_out < 1.1f64.ln() {
+        "-"
+    } else if in_sample >= held_out {
+        "simulation"
+    } else if in_sample <= 0.5 * held_out {
+        "transfer"
+    } else {
+        "both"
+    }
+}
+
+fn render_in_sample(s: &mut String, held: &SeedSpread, own: &SeedSpread) {
+    use std::fmt::Write as _;
+    fn split(sp: &SeedSpread, which: Split) -> Option<&SplitSpread> {
+        sp.splits.iter().find(|w| w.split == Some(which))
+    }
+    let (Some(held_test), Some(own_test)) = (split(held, Split::Test), split(own, Split::Test))
+    else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "\nin sample: each recording calibrated on itself alone (seed 1). Not a prediction: \
+         beside the held-out error it shows whether an error comes from the calibration not \
+         carrying over (transfer) or from the simulation (mean error as above)"
+    );
+    for w in &own.splits {
+        let _ = writeln!(
+            s,
+            "{:<6} within {} of {} in sample",
+            w.split.map_or("all", Split::name),
+            w.within.first().copied().unwrap_or(0),
+            w.checked
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:<26} {:>14} {:>14}  error lies in",
+        "test: mean error", "held out", "in sample"
+    );
+    for (m, e) in &held_test.error {
+        let Some(o) = own_test.error.get(m) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "{m:<26} {:>14.3} {:>14.3}  {}",
+            e.mean,
+            o.mean,
+            error_lies_in(e.mean, o.mean)
+        );
+    }
 }
 
 /// What moved between two runs, per split: the pooled figures in points and the count of
@@ -1323,6 +1444,55 @@ mod tests {
 
     /// `--against` flags a metric whose mean error over the seeds grew, and no other.
     #[test]
+    fn the_in_sample_error_says_where_a_held_out_error_lies() {
+        assert_eq!(error_lies_in(1.0, 0.2), "transfer");
+        assert_eq!(error_lies_in(1.0, 0.5), "transfer");
+        assert_eq!(error_lies_in(1.0, 0.7), "both");
+        assert_eq!(error_lies_in(1.0, 1.0), "simulation");
+        assert_eq!(error_lies_in(1.0, 1.6), "simulation");
+        assert_eq!(error_lies_in(0.05, 1.6), "-");
+    }
+
+    #[test]
+    fn the_in_sample_table_sets_each_test_metric_beside_its_held_out_error() {
+        let mk = |errs: &[(&str, f64)], within: usize| SeedSpread {
+            seeds: 1,
+            splits: vec![
+                SplitSpread {
+                    split: Some(Split::Train),
+                    within: vec![within],
+                    checked: 14,
+                    error: BTreeMap::new(),
+                },
+                SplitSpread {
+                    split: Some(Split::Test),
+                    within: vec![within],
+                    checked: 14,
+                    error: errs
+                        .iter()
+                        .map(|(m, e)| (m.to_string(), MetricError { mean: *e, n: 2 }))
+                        .collect(),
+                },
+            ],
+        };
+        let held = mk(&[("waits:node_busy_lock", 0.7), ("purges", 0.04)], 5);
+        let own = mk(&[("waits:node_busy_lock", 0.13), ("purges", 0.03)], 9);
+        let mut s = String::new();
+        render_in_sample(&mut s, &held, &own);
+        assert!(s.contains("test   within 9 of 14 in sample"), "{s}");
+        let busy = s
+            .lines()
+            .find(|l| l.starts_with("waits:node_busy_lock"))
+            .unwrap();
+        assert!(
+            busy.contains("0.700") && busy.contains("0.130") && busy.ends_with("transfer"),
+            "{busy}"
+        );
+        let purges = s.lines().find(|l| l.starts_with("purges")).unwrap();
+        assert!(purges.ends_with('-'), "{purges}");
+    }
+
+    #[test]
     fn against_flags_a_metric_that_got_worse_over_the_seeds() {
         let manifest = manifest_of(&[("a", Split::Test)]);
         let make = |commit: &str, purges: f64, lazy: f64| {
@@ -1345,6 +1515,7 @@ mod tests {
                 validation: BTreeMap::new(),
                 within_target: vec![],
                 seeds: Some(spread(&manifest, &seeded)),
+                in_sample: None,
             }
         };
         let text = render_against(&make("old", 105.0, 101.0), &make("new", 120.0, 101.0));
@@ -1385,6 +1556,7 @@ mod tests {
                 validation: BTreeMap::new(),
                 within_target: vec![],
                 seeds: None,
+                in_sample: None,
             }
         };
         let text = render_against(&make("old", 90), &make("new", 95));

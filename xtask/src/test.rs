@@ -229,6 +229,8 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
                 no_free_running: false,
                 // Two seeds run the multi-seed path; its figures are not judged here either.
                 seeds: 2,
+                // The in-sample ceiling's path runs too, unjudged.
+                no_in_sample: false,
                 vmtrace: Some(crate::run::build_release()?),
                 out: Some(out),
             })
