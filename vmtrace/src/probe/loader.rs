@@ -230,6 +230,9 @@ pub struct LoadedProbes {
     backing: Option<PerCpuArray<MapData, u64>>,
     /// The hold probe's `HOLD_HIST`.
     holds: Option<PerCpuArray<MapData, u64>>,
+    /// The probes' log ring when no runtime polls it ([`start_probe_logger`]): held so that its
+    /// fd number is not reused while the programs still name it.
+    _idle_logger: Option<IdleLogger>,
     /// vmap locks whose address is known before any wait: `free_vmap_area_lock` from kallsyms.
     static_locks: Vec<(u64, LockClass)>,
     /// Offsets of a `struct vmap_node`'s locks, from kernel BTF: each node's locks are known
@@ -629,7 +632,7 @@ impl LoadedProbes {
         let mut ebpf = loader
             .load(PROBES_OBJECT)
             .map_err(|e| classify_load_error(Box::new(e)))?;
-        start_probe_logger(&mut ebpf);
+        let idle_logger = start_probe_logger(&mut ebpf);
         let mut links: Vec<Box<dyn std::any::Any>> = Vec::new();
         let mut vmalloc_programs = Vec::new();
         for (spec, info) in TRACEPOINTS.iter().zip(infos.iter_mut()) {
@@ -885,6 +888,7 @@ impl LoadedProbes {
         };
         Ok(Self {
             ebpf,
+            _idle_logger: idle_logger,
             infos,
             ring_bytes: nr_rings as u64 * ring_each,
             nr_rings,
@@ -1468,38 +1472,52 @@ fn raise_memlock() {
     }
 }
 
+/// The probes' log ring when no runtime polls it: kept, unread, for as long as the probes.
+type IdleLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
 /// Forwards aya-log records from the probes (error paths only) to the `log` facade.
-fn start_probe_logger(ebpf: &mut Ebpf) {
-    match aya_log::EbpfLogger::init(ebpf) {
-        Ok(logger) => {
-            let Ok(handle) = tokio::runtime::Handle::try_current() else {
-                log::debug!("no tokio runtime: probe log records are not forwarded");
-                return;
-            };
-            // SAFETY: the logger owns its ring-buffer fd and keeps it open while the AsyncFd
-            // (which owns the logger) is registered.
-            let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(
-                    logger,
-                    tokio::io::Interest::READABLE,
-                )
-            };
-            match registered {
-                Ok(mut fd) => {
-                    handle.spawn(async move {
-                        loop {
-                            let Ok(mut guard) = fd.readable_mut().await else {
-                                break;
-                            };
-                            guard.get_inner_mut().flush();
-                            guard.clear_ready();
-                        }
-                    });
-                }
-                Err(e) => log::debug!("probe logger not polled: {e}"),
-            }
+///
+/// `EbpfLogger::init` takes the log ring out of `ebpf`, and every program that logs still names
+/// it by its fd number until the program is loaded. Dropping the logger before then closes that
+/// fd: the number dangles, and the next file or map opened takes it. The verifier then refused
+/// the first program ("fd N is not pointing to valid bpf_map") in a process without a tokio
+/// runtime, or, had a map taken the number, the program would have logged into that map. So
+/// a logger that no runtime polls is returned, and the caller keeps it as long as the probes.
+fn start_probe_logger(ebpf: &mut Ebpf) -> Option<IdleLogger> {
+    let logger = match aya_log::EbpfLogger::init(ebpf) {
+        Ok(logger) => logger,
+        Err(e) => {
+            log::debug!("probe logger unavailable: {e}");
+            return None;
         }
-        Err(e) => log::debug!("probe logger unavailable: {e}"),
+    };
+    if tokio::runtime::Handle::try_current().is_err() {
+        log::debug!("no tokio runtime: probe log records are not forwarded");
+        return Some(logger);
+    }
+    // SAFETY: the logger owns its ring-buffer fd and keeps it open while the AsyncFd (which
+    // owns the logger) is registered.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+    };
+    match registered {
+        Ok(mut fd) => {
+            tokio::spawn(async move {
+                loop {
+                    let Ok(mut guard) = fd.readable_mut().await else {
+                        break;
+                    };
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+            });
+            None
+        }
+        Err(e) => {
+            let (logger, cause) = e.into_parts();
+            log::debug!("probe logger not polled: {cause}");
+            Some(logger)
+        }
     }
 }
 
