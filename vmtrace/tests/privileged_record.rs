@@ -458,14 +458,12 @@ fn unprivileged_user_gets_one_clear_error_and_no_file() {
     assert!(!out.exists(), "an output file was left behind");
 }
 
-/// The highest event rate the stressor reaches on two threads, for 30 s, with nothing lost.
-#[test]
-fn sustained_two_thread_stress_loses_nothing() {
-    if !privileged() {
-        return;
-    }
+/// Records 30 s of the highest event rate the stressor reaches on two threads into `file`
+/// (plain or compressed by its extension) and checks that nothing was lost; returns the events
+/// and the file's size in bytes.
+fn sustained_capture(file: &str) -> (u64, u64) {
     let dir = tmpdir();
-    let out = dir.path().join("t.jsonl");
+    let out = dir.path().join(file);
     let output = Command::new(VMTRACE)
         .args(["record", "--json", "-o"])
         .arg(&out)
@@ -491,20 +489,52 @@ fn sustained_two_thread_stress_loses_nothing() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    let (_, records) = read_trace(&out);
+    let mut reader = TraceReader::new(vmtrace::trace::compress::open(&out).unwrap());
+    reader.read_header().unwrap();
+    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
     let Some(Record::Footer(footer)) = records.last() else {
-        panic!("no footer")
+        panic!("no footer in {file}")
     };
-    assert_eq!(footer.lost_total, 0, "lost {:?}", footer.lost_per_cpu);
+    assert_eq!(
+        footer.lost_total, 0,
+        "{file}: lost {:?}",
+        footer.lost_per_cpu
+    );
     let first = records.iter().find_map(Record::ts_ns).unwrap();
     let last = records.iter().rev().find_map(Record::ts_ns).unwrap();
     let secs = (last - first) as f64 / 1e9;
-    assert!(secs > 25.0, "recording covered only {secs:.1} s");
+    assert!(secs > 25.0, "{file}: recording covered only {secs:.1} s");
+    let bytes = std::fs::metadata(&out).unwrap().len();
+    let events = footer.events.total();
     eprintln!(
-        "sustained: {} events in {secs:.1} s = {:.0} events/s, 0 lost; stress/record output: {}",
-        footer.events.total(),
-        footer.events.total() as f64 / secs,
+        "sustained {file}: {events} events in {secs:.1} s = {:.0} events/s, 0 lost, {:.1} bytes/event; \
+         stress/record output: {}",
+        events as f64 / secs,
+        bytes as f64 / events as f64,
         stdout.lines().collect::<Vec<_>>().join(" | ")
+    );
+    (events, bytes)
+}
+
+/// The highest event rate the stressor reaches on two threads, for 30 s, with nothing lost,
+/// in plain JSON Lines and in `.jsonl.zst` (compressed on its own thread), which must take at
+/// least 8 times fewer bytes per event.
+#[test]
+fn sustained_two_thread_stress_loses_nothing_plain_or_compressed() {
+    if !privileged() {
+        return;
+    }
+    let (events, bytes) = sustained_capture("t.jsonl");
+    let plain = bytes as f64 / events as f64;
+    let (events, bytes) = sustained_capture("t.jsonl.zst");
+    let zst = bytes as f64 / events as f64;
+    eprintln!(
+        "bytes per event: plain {plain:.1}, zstd {zst:.1} ({:.1}x)",
+        plain / zst
+    );
+    assert!(
+        zst * 8.0 <= plain,
+        "{zst:.1} bytes per event compressed against {plain:.1} plain: under 8x"
     );
 }
 
