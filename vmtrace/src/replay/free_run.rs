@@ -253,20 +253,31 @@ impl PoolBound {
 
 /// `times` sections of `ns` on `lock`, as few steps as the simulation needs for them.
 fn push_sections(steps: &mut Vec<Step>, lock: LockRef, ns: u64, times: u64) {
-    let Ok(ns32) = u32::try_from(ns) else {
-        steps.extend((0..times).map(|_| Step::Section { lock, ns }));
+    push_spaced_sections(steps, lock, ns, 0, times);
+}
+
+/// [`push_sections`] with `gap_ns` of work before each section.
+fn push_spaced_sections(steps: &mut Vec<Step>, lock: LockRef, ns: u64, gap_ns: u64, times: u64) {
+    let (Ok(ns32), Ok(gap32)) = (u32::try_from(ns), u32::try_from(gap_ns)) else {
+        for _ in 0..times {
+            if gap_ns > 0 {
+                steps.push(Step::Work(gap_ns));
+            }
+            steps.push(Step::Section { lock, ns });
+        }
         return;
     };
     let mut left = times;
     while left > 0 {
         let n = u32::try_from(left).unwrap_or(u32::MAX);
-        steps.push(if n == 1 {
+        steps.push(if n == 1 && gap32 == 0 {
             Step::Section { lock, ns }
         } else {
             Step::Sections {
                 lock,
                 ns: ns32,
                 times: n,
+                gap_ns: gap32,
             }
         });
         left -= u64::from(n);
@@ -1242,12 +1253,27 @@ impl Run {
                         + (c.merge_per_area_ns + c.purge_per_object_ns) * objects,
                 });
             } else {
-                node_steps.push(Step::Work(c.purge_per_object_ns * objects));
+                // `purge_vmap_node` unlinks each area and then pools it, so the pool sections
+                // come one per area's work, not back to back after all of it. A pooled area
+                // takes the purge as long as a returned one (the calibration measures one
+                // time per area, `purge_per_object_ns` plus its merge), its pool section
+                // included.
                 let pooled_here = pooled.get(n).copied().unwrap_or(0).min(objects);
-                if let Some(&lock) = self.locks.pool.get(n) {
-                    push_sections(&mut node_steps, lock, c.pool_lock_ns, pooled_here);
-                }
                 let returned = objects - pooled_here;
+                match self.locks.pool.get(n) {
+                    Some(&lock) if pooled_here > 0 => {
+                        node_steps.push(Step::Work(c.purge_per_object_ns * returned));
+                        let per_area = c.purge_per_object_ns + c.merge_per_area_ns;
+                        push_spaced_sections(
+                            &mut node_steps,
+                            lock,
+                            c.pool_lock_ns,
+                            per_area.saturating_sub(c.pool_lock_ns),
+                            pooled_here,
+                        );
+                    }
+                    _ => node_steps.push(Step::Work(c.purge_per_object_ns * objects)),
+                }
                 if returned > 0 {
                     node_steps.push(Step::Section {
                         lock: self.locks.free_area,

@@ -45,10 +45,15 @@ pub enum Step {
     /// purge takes a pool lock once per area it pools and twice per pool it decays, thousands
     /// of sections at 128 nodes, and the purges held pending were most of a long what-if
     /// run's memory as one step each.
+    ///
+    /// `gap_ns` of work come before each section: a purge pools its areas one by one, each
+    /// after unlinking it from the purge list (`purge_vmap_node`), so its pool sections are as
+    /// far apart as its work on each area, not back to back.
     Sections {
         lock: LockRef,
         ns: u32,
         times: u32,
+        gap_ns: u32,
     },
     /// Take the lock and keep it across the following steps until [`Step::Release`]: the purge
     /// mutex, held through a whole purge.
@@ -118,7 +123,9 @@ pub fn service_of(steps: &[Step]) -> u64 {
         .iter()
         .map(|s| match *s {
             Step::Section { ns, .. } | Step::Work(ns) => ns,
-            Step::Sections { ns, times, .. } => u64::from(ns) * u64::from(times),
+            Step::Sections {
+                ns, times, gap_ns, ..
+            } => (u64::from(ns) + u64::from(gap_ns)) * u64::from(times),
             _ => 0,
         })
         .sum()
@@ -213,6 +220,8 @@ struct Running {
     idx: usize,
     /// Sections of the current [`Step::Sections`] already entered.
     rep: u32,
+    /// The work before the current [`Step::Sections`] repetition is done.
+    gap_done: bool,
     start: u64,
     /// Lock to release when the current hold ends.
     release: Option<LockRef>,
@@ -692,6 +701,16 @@ impl Des {
                     run.idx += 1;
                 }
                 Step::Sections { times: 0, .. } => self.bump(a),
+                Step::Sections { gap_ns, .. }
+                    if gap_ns > 0
+                        && self.actors[a].running.as_ref().is_some_and(|r| !r.gap_done) =>
+                {
+                    if let Some(run) = self.actors[a].running.as_mut() {
+                        run.gap_done = true;
+                    }
+                    self.schedule(a, t.saturating_add(u64::from(gap_ns)));
+                    return;
+                }
                 Step::Section { lock, .. } | Step::Sections { lock, .. } | Step::Acquire(lock) => {
                     let li = lock.0 as usize;
                     debug_assert_ne!(self.locks[li].holder, Some(a), "lock taken twice");
@@ -753,6 +772,7 @@ impl Des {
             op: p.op,
             idx: 0,
             rep: 0,
+            gap_done: false,
             start: t,
             release: None,
             waiting_since: None,
@@ -807,6 +827,7 @@ impl Des {
         let kind = run.op.kind;
         let waited = run.waiting_since.take().map(|since| t - since);
         let step = run.op.steps.get(run.idx).copied();
+        run.gap_done = false;
         match step {
             Some(Step::Sections { times, .. }) if run.rep + 1 < times => run.rep += 1,
             _ => {
@@ -1116,11 +1137,13 @@ mod tests {
                     lock: l,
                     ns: 40,
                     times: 5,
+                    gap_ns: 0,
                 });
                 purge.push(Step::Sections {
                     lock: fa,
                     ns: 1,
                     times: 0,
+                    gap_ns: 0,
                 });
             } else {
                 purge.extend((0..5).map(|_| Step::Section { lock: l, ns: 40 }));
@@ -1148,6 +1171,53 @@ mod tests {
             "the allocations queue between the purge's sections: {pool:?}"
         );
         assert_eq!(format!("{compact:?}"), format!("{written:?}"));
+    }
+
+    /// Sections with work before each are the same as the work and the section written out,
+    /// and the allocations that come while the purge works between two sections take the lock
+    /// without waiting.
+    #[test]
+    fn sections_with_work_between_queue_like_written_out_ones() {
+        let run = |compact: bool, gap: u32| {
+            let mut des = Des::new(1_000_000, 0, 3).with_spin_handoff(7);
+            let l = des.lock(LockClass::NodePoolLock, 0);
+            let mut purge = vec![Step::Work(10)];
+            if compact {
+                purge.push(Step::Sections {
+                    lock: l,
+                    ns: 40,
+                    times: 6,
+                    gap_ns: gap,
+                });
+            } else {
+                for _ in 0..6 {
+                    purge.push(Step::Work(u64::from(gap)));
+                    purge.push(Step::Section { lock: l, ns: 40 });
+                }
+            }
+            des.push_op(0, 0, op(OpKind::Purge, purge));
+            for (cpu, at) in [(1, 15), (2, 60), (1, 130), (2, 200), (1, 290)] {
+                des.push_op(
+                    cpu,
+                    at,
+                    op(
+                        OpKind::Alloc,
+                        vec![Step::Section { lock: l, ns: 25 }, Step::Work(5)],
+                    ),
+                );
+                des.advance(at);
+            }
+            des.finish()
+        };
+        for gap in [0, 30, 100] {
+            assert_eq!(
+                format!("{:?}", run(true, gap)),
+                format!("{:?}", run(false, gap)),
+                "gap {gap}"
+            );
+        }
+        let waits = |gap| class(&run(true, gap), LockClass::NodePoolLock).waits;
+        assert!(waits(100) < waits(0), "{} then {}", waits(0), waits(100));
     }
 
     /// A lock taken and never released leaves its waiters unfinished, and the result says so.
