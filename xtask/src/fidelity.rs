@@ -316,27 +316,11 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
             let trace = corpus.join(&r.file);
             let mut per_seed = Vec::new();
             for seed in 1..=args.seeds {
-                let text = cmd::stdout_of(
-                    Command::new(&vmtrace)
-                        .arg("replay")
-                        .arg(&trace)
-                        .args(["--free-running", "--json", "--seed", &seed.to_string()])
-                        .arg("--costs")
-                        .arg(&cal),
-                )?;
                 let file = match seed {
                     1 => format!("{}.free-running.json", r.name),
                     _ => format!("{}.free-running.seed{seed}.json", r.name),
                 };
-                fs::write(out.join(file), &text)?;
-                let doc: Value = serde_json::from_str(&text).with_context(|| {
-                    format!(
-                        "vmtrace replay {} --free-running --seed {seed} printed no JSON",
-                        trace.display()
-                    )
-                })?;
-                let checks = parse_validation(&doc)
-                    .with_context(|| format!("{}: no validation in the what-if", r.name))?;
+                let checks = validate(&vmtrace, &trace, &cal, seed, &out.join(file), &r.name)?;
                 let within = checks.iter().filter(|c| c.within).count();
                 println!(
                     "  seed {seed}: {within} of {} figures within target",
@@ -369,23 +353,8 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
                     .arg("-o")
                     .arg(&cal),
             )?;
-            let text = cmd::stdout_of(
-                Command::new(&vmtrace)
-                    .arg("replay")
-                    .arg(&trace)
-                    .args(["--free-running", "--json", "--seed", "1"])
-                    .arg("--costs")
-                    .arg(&cal),
-            )?;
-            fs::write(dir.join(format!("{}.free-running.json", r.name)), &text)?;
-            let doc: Value = serde_json::from_str(&text).with_context(|| {
-                format!(
-                    "vmtrace replay {} --free-running (in sample) printed no JSON",
-                    trace.display()
-                )
-            })?;
-            let checks = parse_validation(&doc)
-                .with_context(|| format!("{}: no validation in the what-if", r.name))?;
+            let file = dir.join(format!("{}.free-running.json", r.name));
+            let checks = validate(&vmtrace, &trace, &cal, 1, &file, &r.name)?;
             println!(
                 "  {} of {} figures within target",
                 checks.iter().filter(|c| c.within).count(),
@@ -431,6 +400,35 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         print!("{}", render_against(&earlier, &result));
     }
     Ok(())
+}
+
+/// Free-running `nodes` on `trace` with calibration `cal` and `seed`: the replay's JSON goes to
+/// `file`, and its validation comes back.
+fn validate(
+    vmtrace: &Path,
+    trace: &Path,
+    cal: &Path,
+    seed: u32,
+    file: &Path,
+    name: &str,
+) -> Result<Vec<Check>> {
+    let text = cmd::stdout_of(
+        Command::new(vmtrace)
+            .arg("replay")
+            .arg(trace)
+            .args(["--free-running", "--json", "--seed", &seed.to_string()])
+            .arg("--costs")
+            .arg(cal),
+    )?;
+    fs::write(file, &text)?;
+    let doc: Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "vmtrace replay {} --free-running --seed {seed} --costs {} printed no JSON",
+            trace.display(),
+            cal.display()
+        )
+    })?;
+    parse_validation(&doc).with_context(|| format!("{name}: no validation in the what-if"))
 }
 
 /// The corpus lives beside the test box's kernels, outside the repository.

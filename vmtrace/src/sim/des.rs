@@ -1150,17 +1150,7 @@ mod tests {
             }
             purge.push(Step::Section { lock: fa, ns: 300 });
             des.push_op(0, 0, op(OpKind::Purge, purge));
-            for (cpu, at) in [(1, 15), (2, 60), (1, 130)] {
-                des.push_op(
-                    cpu,
-                    at,
-                    op(
-                        OpKind::Alloc,
-                        vec![Step::Section { lock: l, ns: 25 }, Step::Work(5)],
-                    ),
-                );
-                des.advance(at);
-            }
+            pool_pops(&mut des, l, &[(1, 15), (2, 60), (1, 130)]);
             des.finish()
         };
         let (compact, written) = (run(true), run(false));
@@ -1171,6 +1161,21 @@ mod tests {
             "the allocations queue between the purge's sections: {pool:?}"
         );
         assert_eq!(format!("{compact:?}"), format!("{written:?}"));
+    }
+
+    /// Allocations that pop the pool behind `lock`, `(cpu, at)` each, fed as a trace would.
+    fn pool_pops(des: &mut Des, lock: LockRef, at: &[(u32, u64)]) {
+        for &(cpu, at) in at {
+            des.push_op(
+                cpu,
+                at,
+                op(
+                    OpKind::Alloc,
+                    vec![Step::Section { lock, ns: 25 }, Step::Work(5)],
+                ),
+            );
+            des.advance(at);
+        }
     }
 
     /// Sections with work before each are the same as the work and the section written out,
@@ -1196,17 +1201,11 @@ mod tests {
                 }
             }
             des.push_op(0, 0, op(OpKind::Purge, purge));
-            for (cpu, at) in [(1, 15), (2, 60), (1, 130), (2, 200), (1, 290)] {
-                des.push_op(
-                    cpu,
-                    at,
-                    op(
-                        OpKind::Alloc,
-                        vec![Step::Section { lock: l, ns: 25 }, Step::Work(5)],
-                    ),
-                );
-                des.advance(at);
-            }
+            pool_pops(
+                &mut des,
+                l,
+                &[(1, 15), (2, 60), (1, 130), (2, 200), (1, 290)],
+            );
             des.finish()
         };
         for gap in [0, 30, 100] {
