@@ -44,23 +44,30 @@ fn records(path: &Path) -> Vec<Record> {
         .collect()
 }
 
-/// `(kind, address, time, CPU)` of each vmalloc event.
-type Ev = (&'static str, u64, u64, u32);
+/// `(kind, address, time, CPU, value)` of each vmalloc event. The value is the field replay
+/// scores beside the address: an allocation's size, a free's `nr_lazy`, a purge's `npurged`.
+type Ev = (&'static str, u64, u64, u32, u64);
 
 fn events(records: &[Record]) -> Vec<Ev> {
     records
         .iter()
         .filter_map(|r| match r {
-            Record::Alloc(a) => Some(("alloc", a.addr.0, a.ctx.ts_ns, a.ctx.cpu)),
-            Record::Free(f) => Some(("free", f.va_start.0, f.ctx.ts_ns, f.ctx.cpu)),
-            Record::Purge(p) => Some(("purge", p.start.0, p.ctx.ts_ns, p.ctx.cpu)),
+            Record::Alloc(a) => Some(("alloc", a.addr.0, a.ctx.ts_ns, a.ctx.cpu, a.size)),
+            Record::Free(f) => Some(("free", f.va_start.0, f.ctx.ts_ns, f.ctx.cpu, f.nr_lazy)),
+            Record::Purge(p) => Some((
+                "purge",
+                p.start.0,
+                p.ctx.ts_ns,
+                p.ctx.cpu,
+                u64::from(p.npurged),
+            )),
             _ => None,
         })
         .collect()
 }
 
-/// An event's kind and address.
-type Key = (&'static str, u64);
+/// An event's kind, address and value.
+type Key = (&'static str, u64, u64);
 
 /// How one CPU's imported events differ from its native ones.
 #[derive(Debug, Default)]
@@ -270,7 +277,7 @@ fn perf_script_imports_as_the_native_recording() {
             .min_by_key(|(_, m)| (m.2 + offset).abs_diff(first.2))
             .map(|(i, _)| i)
             .unwrap_or_else(|| panic!("CPU {cpu}: {first:?} is not in the imported trace"));
-        let key = |e: &&Ev| (e.0, e.1);
+        let key = |e: &&Ev| (e.0, e.1, e.4);
         let xs: Vec<_> = x.iter().map(key).collect();
         let ys: Vec<_> = y_all[start..].iter().map(key).collect();
         let d = align(&xs, &ys);
@@ -295,6 +302,44 @@ fn perf_script_imports_as_the_native_recording() {
     );
     assert!(compared > 10_000, "{compared} events compared");
 
+    // Across CPUs the two tools can order close events differently, stamping at different
+    // points of the tracepoint's handlers. Replay's `nr_lazy` feels that order: a free read
+    // ahead of `k` others whose add on `vmap_lazy_nr` came first leaves `k + 1` frees predicted
+    // wrong in whichever trace has the kernel's order wrong. So each free the native trace puts
+    // after one that the imported trace has `k` frees later costs the `nr_lazy` figure up to
+    // `k + 1` events more on one side, on top of the bound below. Frees are matched by address
+    // and backlog, which together name one free in these traces (repeats are left out).
+    let mut imp_pos = std::collections::HashMap::<(u64, u64), Option<usize>>::new();
+    for (i, e) in imp_events.iter().filter(|e| e.0 == "free").enumerate() {
+        imp_pos
+            .entry((e.1, e.4))
+            .and_modify(|p| *p = None)
+            .or_insert(Some(i));
+    }
+    let order: Vec<usize> = nat_events
+        .iter()
+        .filter(|e| e.0 == "free")
+        .filter_map(|e| imp_pos.get(&(e.1, e.4)).copied().flatten())
+        .collect();
+    let inversions: Vec<usize> = order
+        .windows(2)
+        .filter(|w| w[1] < w[0])
+        .map(|w| w[0] - w[1] + 1)
+        .collect();
+    let reordered: usize = inversions.iter().sum();
+    println!(
+        "{} of {} matched frees follow one the imported trace has later, {reordered} frees' \
+         backlog at stake",
+        inversions.len(),
+        order.len()
+    );
+    // The tools see the same kernel: a different order is the exception, not the rule.
+    assert!(
+        reordered * 100 <= order.len(),
+        "{reordered} of {} frees ordered differently across CPUs",
+        order.len()
+    );
+
     // Replay agrees with itself across the two sources, within 0.5 points. The imported
     // events of different CPUs can be ordered differently (above), which may move a purge's
     // batch by an area: where 0.5 points is less than two events of the figure (`npurged`
@@ -307,7 +352,12 @@ fn perf_script_imports_as_the_native_recording() {
         let (x, y) = (strict(&rn, m), strict(&ri, m));
         let compared = |r: &serde_json::Value| r[0]["strict"][m]["compared"].as_f64().unwrap();
         let (nx, ny) = (compared(&rn), compared(&ri));
-        let bound = (200.0 / nx.min(ny)).max(0.5);
+        let order_bound = if m == "nr_lazy" {
+            100.0 * reordered as f64 / nx.min(ny)
+        } else {
+            0.0
+        };
+        let bound = (200.0 / nx.min(ny)).max(0.5) + order_bound;
         println!(
             "strict {m}: native {x:.2} % of {nx}, imported {y:.2} % of {ny} (bound {bound:.2} points)"
         );
