@@ -314,6 +314,10 @@ pub struct FreeRunner {
     layout: crate::model::NodeLayout,
     page_size: u64,
     lazy_max: u64,
+    /// Records stamped before it are already in the snapshot (or freed before it), so they are
+    /// left out, as observed-timing replay leaves them out: replayed, their allocations would
+    /// duplicate snapshot areas and count toward the observed high-water mark.
+    snapshot_start: u64,
 }
 
 impl FreeRunner {
@@ -425,6 +429,7 @@ impl FreeRunner {
             layout,
             page_size,
             lazy_max,
+            snapshot_start: snapshot.ts_start_ns,
         })
     }
 
@@ -432,6 +437,9 @@ impl FreeRunner {
     pub fn feed(&mut self, rec: Record, line: usize) -> Result<(), ReplayError> {
         let (vstart, vend, layout, page_size) =
             (self.vstart, self.vend, self.layout, self.page_size);
+        if rec.ts_ns().is_some_and(|ts| ts < self.snapshot_start) {
+            return Ok(());
+        }
         let run = &mut self.run;
         run.line = line;
         match rec {
@@ -1583,6 +1591,34 @@ mod tests {
         );
         // The simulation runs every follow-up on the worker and finishes every operation.
         assert_eq!((half.late_starts, half.unfinished_ops), (0, 0));
+    }
+
+    /// A record stamped before the snapshot is in the snapshot already (or was freed before
+    /// it): the recorder's own BPF programs are allocated then, high in the range on a real
+    /// machine. Replayed, it would set the observed high-water mark and add an area to the
+    /// model; left out, nothing it says changes either side.
+    #[test]
+    fn records_before_the_snapshot_are_left_out() {
+        let bytes = synth(2, 2, 1, 20);
+        let text = String::from_utf8(bytes.clone()).expect("utf-8");
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let snap: serde_json::Value = serde_json::from_str(&lines[1]).expect("snapshot");
+        let before = snap["ts_start_ns"].as_u64().expect("ts_start_ns") - 1;
+        let mut early: serde_json::Value = serde_json::from_str(&lines[2]).expect("alloc");
+        assert_eq!(early["type"], "alloc");
+        early["ts_ns"] = before.into();
+        early["addr"] = "0xffffc90040000000".into();
+        lines.insert(2, early.to_string());
+        let with_early = lines.join("\n") + "\n";
+
+        let o = opts(Variant::Nodes);
+        let fr = FreeRunOptions::default();
+        let plain = free_run(&bytes[..], &o, &fr).expect("free run");
+        let w = free_run(with_early.as_bytes(), &o, &fr).expect("free run with an early record");
+        assert!(plain.trace.high_water_bytes < 0x4000_0000);
+        assert_eq!(w.trace.high_water_bytes, plain.trace.high_water_bytes);
+        assert_eq!(w.high_water_bytes, plain.high_water_bytes);
+        assert_eq!(w.allocs, plain.allocs);
     }
 
     /// The simulation enters exactly the critical sections the model counted, class by class,
