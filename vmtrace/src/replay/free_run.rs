@@ -435,11 +435,11 @@ impl FreeRunner {
 
     /// One record of the trace, in order; `line` names it in warnings and strict errors.
     pub fn feed(&mut self, rec: Record, line: usize) -> Result<(), ReplayError> {
-        let (vstart, vend, layout, page_size) =
-            (self.vstart, self.vend, self.layout, self.page_size);
         if rec.ts_ns().is_some_and(|ts| ts < self.snapshot_start) {
             return Ok(());
         }
+        let (vstart, vend, layout, page_size) =
+            (self.vstart, self.vend, self.layout, self.page_size);
         let run = &mut self.run;
         run.line = line;
         match rec {
@@ -1600,8 +1600,11 @@ mod tests {
     #[test]
     fn records_before_the_snapshot_are_left_out() {
         let bytes = synth(2, 2, 1, 20);
-        let text = String::from_utf8(bytes.clone()).expect("utf-8");
-        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let mut lines: Vec<String> = std::str::from_utf8(&bytes)
+            .expect("utf-8")
+            .lines()
+            .map(str::to_string)
+            .collect();
         let snap: serde_json::Value = serde_json::from_str(&lines[1]).expect("snapshot");
         let before = snap["ts_start_ns"].as_u64().expect("ts_start_ns") - 1;
         let mut early: serde_json::Value = serde_json::from_str(&lines[2]).expect("alloc");
