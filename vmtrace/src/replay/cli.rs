@@ -522,6 +522,28 @@ fn render_calibration(c: &Calibration) -> String {
             );
         }
     }
+    match &c.drain_queue {
+        Some(q) => {
+            let _ = writeln!(
+                s,
+                "  drain queue: {} of {} drains waited for deferred frees queued ahead on the unbound pool (all but {} of them run first, looked for up to {} ns after the crossing); the rule puts {} starts within 30 % or 20 µs of the recorded, the latency alone {}; base latency of the others: median {} ns, p90 {} ns",
+                q.queued_behind,
+                q.drains,
+                q.allowance,
+                q.horizon_ns,
+                q.agreed,
+                q.agreed_without,
+                q.unblocked.p50_ns,
+                q.unblocked.p90_ns
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "  drain queue: none (no drain items on the unbound pool, or no frees queued ahead of them that explain their latency)"
+            );
+        }
+    }
     match &c.follow_up {
         Some(f) => {
             let n = f.counts;

@@ -20,6 +20,7 @@ use crate::model::{
 };
 use crate::sim::calibration::{Calibration, DrainLatency, FollowUp, HoldTail};
 use crate::sim::des::{class_index, service_of, Des, LockRef, Op, OpKind, Step, WaitSample};
+use crate::sim::drain_queue::{DrainQueue, QueueAhead};
 use crate::sim::timing::{ClassWait, Costs, Observed, ObservedAcc};
 use crate::trace::{LockClass, Record};
 use crate::workload::rng::SplitMix64;
@@ -33,6 +34,9 @@ pub struct FreeRunOptions {
     /// The measured drain latency (a calibration): sampled per purge instead of
     /// `purge_latency_ns`, because the kernel's varies by two orders of magnitude.
     pub drain_latency: Option<DrainLatency>,
+    /// Drains wait for the deferred frees queued ahead of them (a calibration,
+    /// `sim::drain_queue`); its base distribution replaces `drain_latency`.
+    pub drain_queue: Option<DrainQueue>,
     /// How often a drain item is queued again while it runs, and when the follow-up starts (a
     /// calibration); `None`: never.
     pub follow_up: Option<FollowUp>,
@@ -66,6 +70,7 @@ impl FreeRunOptions {
         self.costs = calibration.costs;
         self.tails.clone_from(&calibration.tails);
         self.drain_latency.clone_from(&calibration.drain_latency);
+        self.drain_queue.clone_from(&calibration.drain_queue);
         self.follow_up.clone_from(&calibration.follow_up);
         self.purge_span.clone_from(&calibration.purge_span);
         self
@@ -77,6 +82,7 @@ impl Default for FreeRunOptions {
         Self {
             purge_latency_ns: 1_000_000,
             drain_latency: None,
+            drain_queue: None,
             follow_up: None,
             purge_span: None,
             tails: BTreeMap::new(),
@@ -171,9 +177,13 @@ pub struct WhatIf {
     pub unfinished_ops: u64,
     /// Where the drain latency came from: `measured` (sampled per purge from a calibration)
     /// or `fixed` (`--purge-latency`, or the high-priority queue's for `nodes-capped`).
+    /// `measured, queued` where drains also waited for the deferred frees queued ahead of
+    /// them (`sim::drain_queue`).
     pub drain_latency_source: &'static str,
     /// Mean of the drain latencies the purges used.
     pub drain_latency_mean_ns: f64,
+    /// Drains that started later than their base sample because frees were queued ahead.
+    pub drains_queued_behind: u64,
     /// Allocations the model served from a node pool, and their share.
     pub pool_hits: u64,
     pub pool_hit_share: f64,
@@ -300,7 +310,7 @@ pub fn free_run<R: BufRead>(
     while let Some(rec) = reader.next() {
         runner.feed(rec?, reader.line())?;
     }
-    Ok(runner.finish())
+    runner.finish()
 }
 
 /// Free-running replay fed one record at a time, for callers that have records without a
@@ -318,6 +328,8 @@ pub struct FreeRunner {
     /// left out, as observed-timing replay leaves them out: replayed, their allocations would
     /// duplicate snapshot areas and count toward the observed high-water mark.
     snapshot_start: u64,
+    /// The records ahead of the one replayed, where drains wait for deferred frees.
+    ahead: Option<QueueAhead>,
 }
 
 impl FreeRunner {
@@ -361,6 +373,13 @@ impl FreeRunner {
                 tails[i] = *t;
             }
         }
+        // The measured queue is the default workqueue's pool, like the measured latency. A
+        // synthetic stream has no workers: its frees are the test threads' own.
+        let ahead = fr
+            .drain_queue
+            .clone()
+            .filter(|_| opts.variant != Variant::NodesCapped && header.synthetic.is_none())
+            .map(QueueAhead::new);
         let mut model = seeder.model.into_model();
         // Free-running replay never resynchronises with the trace: no pool lookups to index.
         model.index_pools(false);
@@ -374,10 +393,14 @@ impl FreeRunner {
             tails,
             // The measured distribution is the default workqueue's; `nodes-capped` queues on the
             // high-priority one.
-            drain: fr
-                .drain_latency
-                .clone()
-                .filter(|_| opts.variant != Variant::NodesCapped),
+            drain: match &ahead {
+                Some(q) => Some(q.queue().unblocked.clone()),
+                None => fr
+                    .drain_latency
+                    .clone()
+                    .filter(|_| opts.variant != Variant::NodesCapped),
+            },
+            queued_behind: 0,
             rng: SplitMix64::new(fr.seed),
             view: TraceView::default(),
             pool_hits_at_start,
@@ -430,6 +453,7 @@ impl FreeRunner {
             page_size,
             lazy_max,
             snapshot_start: snapshot.ts_start_ns,
+            ahead,
         })
     }
 
@@ -437,6 +461,22 @@ impl FreeRunner {
     pub fn feed(&mut self, rec: Record, line: usize) -> Result<(), ReplayError> {
         if rec.ts_ns().is_some_and(|ts| ts < self.snapshot_start) {
             return Ok(());
+        }
+        let Some(ahead) = self.ahead.as_mut() else {
+            return self.step(rec, line);
+        };
+        ahead.push(rec, line);
+        // One at a time: each replays with every later record still held.
+        while let Some((r, l)) = self.ahead.as_mut().and_then(|a| a.pop(false)) {
+            self.step(r, l)?;
+        }
+        Ok(())
+    }
+
+    /// Replays one record, the held records after it already read.
+    fn step(&mut self, rec: Record, line: usize) -> Result<(), ReplayError> {
+        if let Some(a) = self.ahead.as_mut() {
+            a.handed_out(&rec);
         }
         let (vstart, vend, layout, page_size) =
             (self.vstart, self.vend, self.layout, self.page_size);
@@ -472,7 +512,7 @@ impl FreeRunner {
             }
             Record::Free(f) => {
                 run.due(f.ctx.ts_ns);
-                run.free(&f)?;
+                run.free(&f, self.ahead.as_ref())?;
                 let predicted = run.model.lazy_pages();
                 run.view.observe_free(f.ctx.ts_ns, f.nr_lazy, predicted);
                 run.des.advance(f.ctx.ts_ns);
@@ -491,9 +531,13 @@ impl FreeRunner {
     }
 
     /// Ends the purges still due and gives the prediction.
-    pub fn finish(mut self) -> WhatIf {
+    pub fn finish(mut self) -> Result<WhatIf, ReplayError> {
+        while let Some((r, l)) = self.ahead.as_mut().and_then(|a| a.pop(true)) {
+            self.step(r, l)?;
+        }
         self.run.due(u64::MAX);
-        self.run.finish(&self.opts, self.lazy_max)
+        let queued = self.ahead.is_some();
+        Ok(self.run.finish(&self.opts, self.lazy_max, queued))
     }
 }
 
@@ -678,6 +722,8 @@ impl LockIds {
 }
 
 struct Run {
+    /// See [`WhatIf::drains_queued_behind`].
+    queued_behind: u64,
     model: Model,
     costs: Costs,
     /// Long holds per class, in [`LockClass::ALL`] order.
@@ -988,7 +1034,11 @@ impl Run {
         }
     }
 
-    fn free(&mut self, f: &crate::trace::Free) -> Result<(), ReplayError> {
+    fn free(
+        &mut self,
+        f: &crate::trace::Free,
+        ahead: Option<&QueueAhead>,
+    ) -> Result<(), ReplayError> {
         self.tick(f.ctx.ts_ns, f.ctx.cpu);
         self.last_free_at.insert(f.ctx.cpu, f.ctx.ts_ns);
         let obs = f.va_start.0;
@@ -1024,10 +1074,16 @@ impl Run {
         let trigger = got.drain && self.purge_at.is_none() && self.inflight.is_none();
         let mut drain_latency = None;
         if trigger {
-            let latency = match &self.drain {
+            let mut latency = match &self.drain {
                 Some(d) => d.sample(self.rng.unit()),
                 None => self.latency,
             };
+            if let Some(wait) = ahead.map(|a| a.wait_after(f.ctx.ts_ns)) {
+                if wait > latency {
+                    self.queued_behind += 1;
+                    latency = wait;
+                }
+            }
             self.drain_latencies.push(latency);
             self.purge_at = Some(f.ctx.ts_ns.saturating_add(latency));
             drain_latency = Some(latency);
@@ -1330,7 +1386,7 @@ impl Run {
         });
     }
 
-    fn finish(self, opts: &ReplayOptions, lazy_max: u64) -> WhatIf {
+    fn finish(self, opts: &ReplayOptions, lazy_max: u64, queued: bool) -> WhatIf {
         let sim = self.des.finish();
         let p = self.model.params();
         let slots = self.model.slots().counts();
@@ -1384,12 +1440,13 @@ impl Run {
             peak_pending_ops: sim.peak_pending_ops,
             late_starts: sim.late_starts,
             unfinished_ops: sim.unfinished_ops,
-            drain_latency_source: if self.drain.is_some() {
-                "measured"
-            } else {
-                "fixed"
+            drain_latency_source: match (&self.drain, queued) {
+                (Some(_), true) => "measured, queued",
+                (Some(_), false) => "measured",
+                (None, _) => "fixed",
             },
             drain_latency_mean_ns: mean(&self.drain_latencies),
+            drains_queued_behind: self.queued_behind,
             follow_up_purges: self.follow_up_purges,
             pool_hits,
             pool_hit_share: if self.allocs == 0 {
@@ -1597,6 +1654,65 @@ mod tests {
     /// it): the recorder's own BPF programs are allocated then, high in the range on a real
     /// machine. Replayed, it would set the observed high-water mark and add an area to the
     /// model; left out, nothing it says changes either side.
+    /// Drains wait for the frees that unbound workers run after the crossing, of areas
+    /// allocated before it; the same trace with its frees run by the workload's own tasks has
+    /// nothing queued ahead, and every drain takes its base latency.
+    #[test]
+    fn drains_wait_for_the_deferred_frees_queued_ahead() {
+        // Synthetic traces have no workers; these stand for a recording whose frees run 20 µs
+        // after the synthetic ones, so that some come after a later allocation's crossing.
+        let text = String::from_utf8(synth(2, 2, 1, 200)).expect("utf-8");
+        let recorded = |comm: Option<&str>| {
+            let mut recs: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| {
+                    let mut v: serde_json::Value = serde_json::from_str(l).expect("json");
+                    if v["type"] == "header" {
+                        v["synthetic"] = serde_json::Value::Null;
+                    }
+                    if v["type"] == "free" {
+                        v["ts_ns"] = (v["ts_ns"].as_u64().expect("ts") + 20_000).into();
+                        if let Some(c) = comm {
+                            v["comm"] = c.into();
+                        }
+                    }
+                    v
+                })
+                .collect();
+            recs[2..].sort_by_key(|v| v["ts_ns"].as_u64().unwrap_or(u64::MAX));
+            recs.iter()
+                .map(|v| v.to_string() + "\n")
+                .collect::<String>()
+        };
+        let (bytes, deferred) = (recorded(None), recorded(Some("kworker/u8:1")));
+        let queue = crate::sim::drain_queue::DrainQueue {
+            allowance: 0,
+            horizon_ns: 10_000_000,
+            unblocked: DrainLatency::from_samples(&[1_000]).expect("samples"),
+            drains: 1,
+            queued_behind: 1,
+            agreed: 1,
+            agreed_without: 0,
+        };
+        let fr = FreeRunOptions {
+            drain_queue: Some(queue),
+            ..FreeRunOptions::default()
+        };
+        let o = opts(Variant::Nodes);
+        let own = free_run(bytes.as_bytes(), &o, &fr).expect("free run");
+        let queued = free_run(deferred.as_bytes(), &o, &fr).expect("free run, deferred frees");
+        assert!(own.purges > 0);
+        assert_eq!(own.drains_queued_behind, 0);
+        assert_eq!(own.drain_latency_mean_ns, 1_000.0);
+        assert!(queued.drains_queued_behind > 0);
+        assert!(queued.drain_latency_mean_ns > 1_000.0);
+        assert_eq!(queued.drain_latency_source, "measured, queued");
+        // `nodes-capped` queues its drain on the high-priority workqueue: nothing ahead.
+        let capped = free_run(deferred.as_bytes(), &opts(Variant::NodesCapped), &fr)
+            .expect("free run, capped");
+        assert_eq!(capped.drains_queued_behind, 0);
+    }
+
     #[test]
     fn records_before_the_snapshot_are_left_out() {
         let bytes = synth(2, 2, 1, 20);

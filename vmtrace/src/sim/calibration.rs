@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::after_wait::{self, AfterWait};
+use super::drain_queue::{DrainQueue, QueueScan, QueuedDrain};
 use super::timing::Costs;
 use crate::model::LockCounts;
 use crate::replay::lookahead::DRAIN_FUNCTION;
@@ -120,6 +121,8 @@ pub struct Scan {
     holds: BTreeMap<LockClass, MeasuredHolds>,
     /// Waits paired with the event that ends the waiter's section.
     pub after_wait: after_wait::Pairs,
+    /// The frees queued ahead of each drain on the unbound workqueue.
+    pub queue: QueueScan,
 }
 
 /// Lock holds timed by the hold probe, pooled over traces.
@@ -230,6 +233,11 @@ impl Scan {
             *self.events_per_cpu.entry(ctx.cpu).or_default() += 1;
         }
         match rec {
+            Record::Alloc(a) if a.failed == 0 => self.queue.alloc(a.addr.0, a.ctx.ts_ns),
+            Record::Free(f) => self.queue.free(f.va_start.0, f.ctx.ts_ns, &f.ctx.comm),
+            _ => {}
+        }
+        match rec {
             Record::Free(f) if f.nr_lazy_max > 0 => {
                 let high = f.nr_lazy > f.nr_lazy_max;
                 if high {
@@ -259,9 +267,11 @@ impl Scan {
             self.over_threshold.pop_front();
         }
         let trigger = self.over_threshold.front().copied().filter(|&t| t <= start);
+        self.queue.item(&w.ctx.comm);
         if let Some(t) = trigger {
             let latency = self.active(t, start);
             self.drain_latencies.push(latency);
+            self.queue.drain(t, latency);
         }
         let end = start.saturating_add(w.duration_ns);
         // The previous item was followed up when this one was queued while it still ran: the
@@ -639,6 +649,11 @@ pub struct Calibration {
     pub tails: BTreeMap<LockClass, HoldTail>,
     #[serde(default)]
     pub drain_latency: Option<DrainLatency>,
+    /// Drains queued behind deferred frees on the unbound workqueue (`sim::drain_queue`):
+    /// where present, free-running replay samples `unblocked` instead of `drain_latency` and
+    /// starts each drain no earlier than the frees queued ahead of it allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_queue: Option<DrainQueue>,
     /// From a drain item's start to the drop of `vmap_lazy_nr` by its purge: until then every
     /// free still exceeds the threshold and queues the drain again.
     #[serde(default)]
@@ -1142,6 +1157,19 @@ pub fn calibrate_with(
         );
     }
     let drain_latency = DrainLatency::from_samples(&drain);
+    // The queue applies where the drain items themselves ran on the unbound pool.
+    let (items, unbound_items) = traces.iter().fold((0, 0), |(a, b), t| {
+        (a + t.scan.queue.items, b + t.scan.queue.unbound_items)
+    });
+    let drain_queue = (2 * unbound_items > items)
+        .then(|| {
+            let drains: Vec<QueuedDrain> = traces
+                .iter()
+                .flat_map(|t| t.scan.queue.finished())
+                .collect();
+            DrainQueue::fit(&drains)
+        })
+        .flatten();
     let provenance = Costs::NAMES
         .iter()
         .map(|&name| {
@@ -1177,6 +1205,7 @@ pub fn calibrate_with(
         costs,
         tails,
         drain_latency,
+        drain_queue,
         drop_delay: DrainLatency::from_samples(&rearm),
         purge_span: DrainLatency::from_samples(&spans),
         stalls,

@@ -9,4 +9,5 @@
 pub mod after_wait;
 pub mod calibration;
 pub mod des;
+pub mod drain_queue;
 pub mod timing;

@@ -327,8 +327,9 @@ pub fn run_point(
     .map_err(point_err)?;
     progress.fetch_add(feed.unreported, Ordering::Relaxed);
     feed.runner
-        .map(FreeRunner::finish)
-        .ok_or(WhatifError::NoHeader)
+        .ok_or(WhatifError::NoHeader)?
+        .finish()
+        .map_err(|e| point_err(SynthError::Sink(Box::new(e))))
 }
 
 /// Runs `jobs` on `workers` threads (at least one), calling `job` for each; returns the
