@@ -183,6 +183,20 @@ fn a_calibration_from_one_workload_predicts_another() {
         "the recording's contention records reach the validation"
     );
 
+    // The same calibration without its drain queue: drains sample one blended latency.
+    let mut unqueued = c.clone();
+    unqueued["drain_queue"] = serde_json::Value::Null;
+    let unqueued_path = dir.path().join("no-drain-queue.json");
+    std::fs::write(&unqueued_path, serde_json::to_string(&unqueued).unwrap()).unwrap();
+    let u = validation(&held_out, &unqueued_path);
+    eprintln!(
+        "without the drain queue: high-water {:.3}, pte_tables {:.3}, purges {:.3}, nr_lazy_mean {:.3}",
+        ratio(&u, "high_water_bytes"),
+        ratio(&u, "pte_tables"),
+        ratio(&u, "purges"),
+        ratio(&u, "nr_lazy_mean")
+    );
+
     // The same calibration without its follow-up drains: two threads' purges fall short again.
     let mut lone = c.clone();
     lone["follow_up"] = serde_json::Value::Null;
