@@ -183,9 +183,17 @@ pub fn validate(w: &WhatIf, fidelity: Option<&Report>) -> Vec<Validation> {
 pub fn render(w: &WhatIf) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
+    let queued = if w.drains_queued_behind > 0 {
+        format!(
+            ", {} drains waited for the deferred frees queued ahead",
+            w.drains_queued_behind
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "Validation: free-running {} against the trace (no observed purge or address used; drain latency {})",
+        "Validation: free-running {} against the trace (no observed purge or address used; drain latency {}{queued})",
         w.variant.name(),
         w.drain_latency_source
     );

@@ -79,7 +79,7 @@ pub struct DrainQueue {
     /// Frees queued ahead of a drain that may still run beside it.
     pub allowance: u32,
     /// Frees later than this after the crossing are not looked at: the longest drain latency
-    /// measured.
+    /// measured, at most [`WINDOW_NS`].
     pub horizon_ns: u64,
     /// Latencies of the drains with nothing queued ahead (at `allowance`): sampled for each
     /// drain, and the start is the later of the sample and [`ahead_of`].
@@ -98,7 +98,8 @@ impl DrainQueue {
     /// frees queued ahead, or where the queue explains no more starts than the base latency
     /// alone.
     pub fn fit(drains: &[QueuedDrain]) -> Option<Self> {
-        let horizon_ns = drains.iter().map(|d| d.latency_ns).max()?;
+        // Frees were collected for WINDOW_NS only; replay holds this much trace in memory.
+        let horizon_ns = drains.iter().map(|d| d.latency_ns).max()?.min(WINDOW_NS);
         let within: Vec<&[u64]> = drains
             .iter()
             .map(|d| {
