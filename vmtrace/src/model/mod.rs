@@ -1126,6 +1126,25 @@ impl Model {
         true
     }
 
+    /// [`Model::purge_node`] with the batch the kernel reported for `node`: its `count` oldest
+    /// lazy areas, whatever the purge's own cutoff (`vn->nr_purged` after `purge_vmap_node`,
+    /// which the richer rungs record). All of them when it holds fewer. A no-op for a node
+    /// already purged.
+    pub fn purge_node_count(&mut self, p: &mut PurgeInProgress, node: u32, count: usize) {
+        if !p.remaining.contains(&node) {
+            return;
+        }
+        let mut seqs: Vec<u64> = self
+            .lazy
+            .seqs_before(node, u64::MAX, self.params.page_size)
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect();
+        seqs.sort_unstable();
+        let cutoff = seqs.get(count).copied().unwrap_or(self.free_seq + 1);
+        self.purge_node_before(p, node, cutoff);
+    }
+
     /// Adds the area of the last free to its node's batch in `p` (after
     /// [`PurgeInProgress::hold_joins`]): its list insertion came before that node's detach,
     /// its event after the purge's start. No-op for a node already purged.

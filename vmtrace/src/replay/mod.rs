@@ -305,6 +305,10 @@ pub struct Report {
     /// Areas the causal replay gave back to the lazy lists after a purge event showed its
     /// batch larger than the kernel's (`Replayer::give_back_newest`).
     pub batch_areas_given_back: u64,
+    /// Purges whose batch the causal replayer set node by node from the `purge_vmap_node`
+    /// records' own counts (`nr_purged`, richer rungs only); the explained replayer does not
+    /// use them.
+    pub purges_by_node_counts: u64,
     /// Purges whose batch, when no single swap made the backlog after it match the kernel's,
     /// moved the node split instead: the newest areas of one node's batch back to lazy and as
     /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
@@ -600,6 +604,7 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
     }
     causal.tally.lines = ahead.lines_read();
     let strict = causal.strict();
+    let by_node_counts = causal.rules.node_counts.used;
     let mut report = match explained {
         Some(mut r) => {
             r.tally.lines = ahead.lines_read();
@@ -608,6 +613,7 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
         None => causal.finish(),
     };
     report.strict = strict;
+    report.purges_by_node_counts = by_node_counts;
     Ok(report)
 }
 
@@ -789,6 +795,8 @@ struct Rules {
     item_start: Option<(u32, u64, usize)>,
     /// Areas [`Replayer::give_back_newest`] returned to the lazy lists.
     batch_given_back: u64,
+    /// What the richer rungs' `purge_vmap_node` records showed of each node's batch.
+    node_counts: infer::node_counts::NodeCounts,
 }
 
 impl<'o> Replayer<'o> {
@@ -891,6 +899,7 @@ impl<'o> Replayer<'o> {
                 top_pick: None,
                 batch_given_back: 0,
                 item_start: None,
+                node_counts: Default::default(),
             },
         }
     }
@@ -1026,6 +1035,18 @@ impl<'o> Replayer<'o> {
             Record::Purge(p) => self.purge(&p, ahead),
             Record::WorkStart(w) if self.causal && w.function == lookahead::DRAIN_FUNCTION => {
                 self.work_start_seen(w.ctx.pid, w.ctx.ts_ns);
+                self.causal_start_at_work();
+                Ok(())
+            }
+            Record::Work(w) if self.opts.rule_on(infer::Rule::NodeCounts) => {
+                let nodes = self.model.params().layout.nr_nodes();
+                match self.rules.node_counts.observe(&w, nodes) {
+                    Some(infer::node_counts::Seen::Decay(node)) => self.node_decayed(node),
+                    Some(infer::node_counts::Seen::Purged(node, count)) => {
+                        self.node_purged(node, count);
+                    }
+                    None => {}
+                }
                 Ok(())
             }
             Record::PtPage(_) => {
@@ -1440,6 +1461,10 @@ impl<'o> Replayer<'o> {
         let unaligned =
             self.rules.early_lazy_before.take().unwrap_or(lazy_before) + foreign as usize;
         let unaligned = self.work_start_batch(p.ctx.pid).unwrap_or(unaligned);
+        let unaligned = match self.rules.node_counts.take_predicted() {
+            Some(at_detach) if self.causal => at_detach + foreign as usize,
+            _ => unaligned,
+        };
         if let (Some(d), Some(at_start)) = (self.rules.detach.take(), self.rules.start_lazy.take())
         {
             if let Some(joined) = (in_model as usize).checked_sub(at_start) {
@@ -1451,11 +1476,33 @@ impl<'o> Replayer<'o> {
         }
         self.rules.detach_frees.clear();
         self.rules.joins_left.clear();
-        let early = self.rules.early.take().map(|e| self.model.purge_finish(e));
+        let nodes = self.model.params().layout.nr_nodes();
+        let counts = self
+            .rules
+            .node_counts
+            .take(p.npurged, nodes)
+            .filter(|_| foreign == 0 && self.causal);
+        let early = self.rules.early.take();
         self.rules.recent_frees.clear();
-        let mut got = match early {
-            Some(early) if !full => early,
-            _ => self.model.purge_oldest(full, in_model as usize),
+        let mut got = match (early, counts) {
+            (Some(early), Some(counts)) if !full => {
+                let mut got = self.model.purge_finish(early);
+                self.match_node_counts(&mut got, &counts);
+                got
+            }
+            (early, Some(counts)) => {
+                if let Some(early) = early {
+                    self.model.purge_finish(early);
+                }
+                self.purge_by_node_counts(full, &counts)
+            }
+            (Some(early), None) if !full => self.model.purge_finish(early),
+            (early, None) => {
+                if let Some(early) = early {
+                    self.model.purge_finish(early);
+                }
+                self.model.purge_oldest(full, in_model as usize)
+            }
         };
         self.top_up(&mut got, in_model);
         self.rules.owed_joins =
@@ -1606,6 +1653,7 @@ impl<'o> Replayer<'o> {
             purges_started_at_work: self.rules.work_starts,
             batches_reconciled: self.rules.reconciled,
             batch_areas_given_back: self.rules.batch_given_back,
+            purges_by_node_counts: self.rules.node_counts.used,
             batches_shifted: self.rules.shifted,
             detach_step_fitted_ns: self.rules.step_fit.fitted(),
             detach_step_fit_purges: self.rules.step_fit.purges(),

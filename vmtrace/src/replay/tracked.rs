@@ -227,6 +227,12 @@ impl TrackedModel {
         done
     }
 
+    pub fn purge_node_count(&mut self, p: &mut PurgeInProgress, node: u32, count: usize) {
+        let from = p.so_far().batch.len();
+        self.model.purge_node_count(p, node, count);
+        self.hold_subtractions(&p.so_far().batch[from..]);
+    }
+
     pub fn join_last_free(&mut self, p: &mut PurgeInProgress, node: u32) {
         self.model.join_last_free(p, node);
     }

@@ -6,7 +6,8 @@
 //!   race the detach), `early_purge` (purges applied before their event, and the batch tails
 //!   moved between nodes), `loop_pacing` (the pace of `purge_vmap_node`'s loops), `reconcile`
 //!   (a batch against the backlog it left), `swaps` (purge swaps), `give_back` (causal replay's
-//!   give-back of the newest areas);
+//!   give-back of the newest areas), `node_counts` (each node's batch from `purge_vmap_node`'s
+//!   count);
 //! - the backlog's order: `add_order`, `across_purge`;
 //! - placement: `hidden` (hidden ranges and the pools put back).
 //!
@@ -27,6 +28,7 @@ mod give_back;
 mod hidden;
 mod joins;
 mod loop_pacing;
+pub(in crate::replay) mod node_counts;
 mod node_sets;
 mod pool_skip;
 mod pooled_found_free;
@@ -67,6 +69,8 @@ pub enum Rule {
     Hidden,
     /// Pool skips.
     PoolSkip,
+    /// Each node's batch from `purge_vmap_node`'s own count (richer rungs only).
+    NodeCounts,
 }
 
 /// An `--infer NAME=N` that names no parameter or has no valid value.
