@@ -5,17 +5,18 @@
 //!   is each `struct vmap_node`, and `purge_vmap_node`, whose argument is `&vn->purge_work` and
 //!   whose exit reads `vn->nr_purged`, the areas that node's purge took. Both come before the
 //!   purge's own event.
-//! - **Infers** each node's batch: its `nr_purged` oldest lazy areas. The kernel detaches each
-//!   node's whole list, node after node, so the batch is per node; without the counts the
-//!   purge takes the oldest areas of all nodes together, which splits the same total otherwise
-//!   between nodes when a node's detach came earlier or later than another's. The pools the
-//!   batch fills then hold other areas in another order than the kernel's.
+//! - **Infers**, in the causal replay only, the purge as the kernel ran it: started at the
+//!   drain item's `work_start` record, each node decayed at its decay's record, and each node's
+//!   batch, its `nr_purged` oldest lazy areas, purged at its `purge_vmap_node` record. The
+//!   kernel detaches each node's whole list, node after node, so the batch is per node;
+//!   without the counts the purge takes the oldest areas of all nodes together at its event,
+//!   after the allocations that already took from the pools those batches filled.
 //! - **Parameters**: none. Which node a record belongs to comes from the `vmap_node`
 //!   addresses the decays showed: every purge decays every node, in node order.
 //! - **Counter**: `purges_by_node_counts` in the replay report.
 //!
-//! The purge's `npurged` is still scored against the prediction made without the counts: they
-//! add up to it, so scoring with them would score the kernel against itself.
+//! The purge's `npurged` is scored against a prediction that does not use the counts, which
+//! add up to it: what each node held lazy when its decay's record came.
 
 use crate::replay::Replayer;
 use crate::trace::Work;
