@@ -309,6 +309,12 @@ pub struct Report {
     /// records' own counts (`nr_purged`, richer rungs only); the explained replayer does not
     /// use them.
     pub purges_by_node_counts: u64,
+    /// Purges the causal replayer started at their drain item's `work_start` record and
+    /// followed node by node from the richer rungs' records.
+    pub purges_followed_by_node: u64,
+    /// Areas the causal replayer moved into or out of a batch it had already taken, to match
+    /// the nodes' counts at the purge event.
+    pub node_count_areas_moved: u64,
     /// Purges whose batch, when no single swap made the backlog after it match the kernel's,
     /// moved the node split instead: the newest areas of one node's batch back to lazy and as
     /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
@@ -604,7 +610,7 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
     }
     causal.tally.lines = ahead.lines_read();
     let strict = causal.strict();
-    let by_node_counts = causal.rules.node_counts.used;
+    let node_counts = causal.rules.node_counts.clone();
     let mut report = match explained {
         Some(mut r) => {
             r.tally.lines = ahead.lines_read();
@@ -613,7 +619,9 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
         None => causal.finish(),
     };
     report.strict = strict;
-    report.purges_by_node_counts = by_node_counts;
+    report.purges_by_node_counts = node_counts.used;
+    report.purges_followed_by_node = node_counts.started;
+    report.node_count_areas_moved = node_counts.moved;
     Ok(report)
 }
 
@@ -1654,6 +1662,8 @@ impl<'o> Replayer<'o> {
             batches_reconciled: self.rules.reconciled,
             batch_areas_given_back: self.rules.batch_given_back,
             purges_by_node_counts: self.rules.node_counts.used,
+            purges_followed_by_node: self.rules.node_counts.started,
+            node_count_areas_moved: self.rules.node_counts.moved,
             batches_shifted: self.rules.shifted,
             detach_step_fitted_ns: self.rules.step_fit.fitted(),
             detach_step_fit_purges: self.rules.step_fit.purges(),
