@@ -74,6 +74,7 @@ impl<'o> LiveReplay<'o> {
         let params = params_for(header, snapshot, opts)?;
         let mut causal = Replayer::new(Model::new(params.clone())?, opts);
         causal.causal = true;
+        causal.rules.node_counts.recorded = super::infer::node_counts::decays_recorded(header);
         causal.seed(snapshot);
         let explained = if opts.causal {
             None

@@ -315,6 +315,9 @@ pub struct Report {
     /// Areas the causal replayer moved into or out of a batch it had already taken, to match
     /// the nodes' counts at the purge event.
     pub node_count_areas_moved: u64,
+    /// Areas whose node the causal replayer had guessed (the snapshot's) and moved to another
+    /// node, lazy or pooled, because the nodes' counts placed them there.
+    pub node_count_areas_retagged: u64,
     /// Purges whose batch, when no single swap made the backlog after it match the kernel's,
     /// moved the node split instead: the newest areas of one node's batch back to lazy and as
     /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
@@ -584,12 +587,13 @@ pub(crate) fn params_for(
 pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, ReplayError> {
     let Opened {
         reader,
+        header,
         snapshot,
         params,
-        ..
     } = open(input, opts)?;
     let mut causal = Replayer::new(Model::new(params.clone())?, opts);
     causal.causal = true;
+    causal.rules.node_counts.recorded = infer::node_counts::decays_recorded(&header);
     causal.seed(&snapshot);
     let mut explained = if opts.causal {
         None
@@ -622,6 +626,7 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
     report.purges_by_node_counts = node_counts.used;
     report.purges_followed_by_node = node_counts.started;
     report.node_count_areas_moved = node_counts.moved;
+    report.node_count_areas_retagged = node_counts.retagged;
     Ok(report)
 }
 
@@ -931,9 +936,10 @@ impl<'o> Replayer<'o> {
     /// VMALLOC window with its CPU's node when there is more than one, so a purge pools the
     /// area; the snapshot does not say which CPU that was. The node its address maps to stands
     /// in, as `free_vmap_area_noflush` picks for an untagged area.
-    fn seed_tag(&self, addr: u64) -> u32 {
+    fn seed_tag(&mut self, addr: u64) -> u32 {
         let p = self.model.params();
         if p.variant.has_pools() && p.layout.nr_nodes() > 1 {
+            self.rules.node_counts.guessed_tag(addr);
             p.layout.addr_to_node(addr) + 1
         } else {
             0
@@ -1043,6 +1049,7 @@ impl<'o> Replayer<'o> {
             Record::Purge(p) => self.purge(&p, ahead),
             Record::WorkStart(w) if self.causal && w.function == lookahead::DRAIN_FUNCTION => {
                 self.work_start_seen(w.ctx.pid, w.ctx.ts_ns);
+                self.rules.node_counts.item_started();
                 self.causal_start_at_work();
                 Ok(())
             }
@@ -1164,6 +1171,7 @@ impl<'o> Replayer<'o> {
         let in_model = a.vstart.0 >= p.vmalloc_start && a.vend.0 <= p.vmalloc_end;
         let retry = self.pending_failure == Some((a.ctx.pid, size));
         if a.failed == 0 {
+            self.rules.node_counts.known_tag(addr);
             self.pending_failure = None;
         }
         let req = AllocRequest {
@@ -1664,6 +1672,7 @@ impl<'o> Replayer<'o> {
             purges_by_node_counts: self.rules.node_counts.used,
             purges_followed_by_node: self.rules.node_counts.started,
             node_count_areas_moved: self.rules.node_counts.moved,
+            node_count_areas_retagged: self.rules.node_counts.retagged,
             batches_shifted: self.rules.shifted,
             detach_step_fitted_ns: self.rules.step_fit.fitted(),
             detach_step_fit_purges: self.rules.step_fit.purges(),

@@ -462,6 +462,33 @@ impl TrackedModel {
         self.model.purge_area(addr)
     }
 
+    /// Moves a purged area to `node`: out of the pool or free tree where the purge put it, and
+    /// into `node`'s pool as that node's `purge_vmap_node` would have put it (replay: the area's
+    /// node was a guess, and the kernel's per-node counts place it elsewhere). False, with
+    /// nothing changed, when it is in neither (already reused).
+    pub fn repool(&mut self, p: &mut PurgedArea, node: u32) -> bool {
+        if !self.model.withdraw(p.addr, p.area.size, p.node) {
+            return false;
+        }
+        p.area.tag = node + 1;
+        p.node = node;
+        if !self.model.place_purged(node, p.addr, p.area) {
+            let _ = self.model.release_free(p.addr, p.area.size);
+        }
+        true
+    }
+
+    /// Moves the lazy area at `addr` from `from`'s lazy tree to `to`'s, keeping its free order
+    /// (replay: its node was a guess). False when `from` holds no area there.
+    pub fn retag_lazy(&mut self, addr: u64, from: u32, to: u32) -> bool {
+        let Some(mut area) = self.model.take_lazy(from, addr) else {
+            return false;
+        };
+        area.tag = to + 1;
+        self.model.put_lazy(to, addr, area);
+        true
+    }
+
     /// Gives a purged area back to the lazy tree it came from (replay: the kernel's purge did
     /// not include it, see [`Model::purge_oldest`]). It is taken out of the pool or the free
     /// tree where the purge put it, or out of hiding: replay hides what the kernel shows it

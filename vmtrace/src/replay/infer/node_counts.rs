@@ -12,11 +12,16 @@
 //!   without the counts the purge takes the oldest areas of all nodes together at its event,
 //!   after the allocations that already took from the pools those batches filled.
 //! - **Parameters**: none. Which node a record belongs to comes from the `vmap_node`
-//!   addresses the decays showed: every purge decays every node, in node order.
+//!   addresses the decays showed: every purge decays every node, in node order. Until one
+//!   purge has shown them all, the decays after a drain item's `work_start` are placed by their
+//!   position (the first is node 0's), on a trace whose header lists the decay probe on a
+//!   richer rung, so the first purge is followed node by node too.
 //! - **Counter**: `purges_by_node_counts` in the replay report.
 //!
 //! The purge's `npurged` is scored against a prediction that does not use the counts, which
 //! add up to it: what each node held lazy when its decay's record came.
+
+use std::collections::HashSet;
 
 use crate::replay::Replayer;
 use crate::trace::Work;
@@ -52,6 +57,25 @@ pub(in crate::replay) struct NodeCounts {
     /// Each node's lazy areas in the model when its decay's record came, since the last purge
     /// event: the kernel detaches the node's list right after, so these are its batch.
     at_detach: Vec<Option<usize>>,
+    /// The trace's header lists `decay_va_pool_node` on a rung that records each call.
+    pub(in crate::replay) recorded: bool,
+    /// A drain item started before the nodes' addresses were known: its decays are nodes 0,
+    /// 1, … in the order they come, until the purge's event.
+    positional: bool,
+    /// Areas whose node the replay guessed: the snapshot's, whose allocating CPU it does not
+    /// give. The kernel's per-node counts move them first.
+    guessed: HashSet<u64>,
+    /// Guessed areas the counts moved to another node.
+    pub(in crate::replay) retagged: u64,
+}
+
+/// Whether `header` lists the per-node decay probe on a rung that records each call (fentry or
+/// kprobe): the tracepoint rung has no such record.
+pub(in crate::replay) fn decays_recorded(header: &crate::trace::Header) -> bool {
+    header.probes.iter().any(|p| {
+        p.probe.split('+').any(|f| f == DECAY_FUNCTION)
+            && matches!(p.rung.as_str(), "fentry" | "kprobe")
+    })
 }
 
 impl NodeCounts {
@@ -60,8 +84,15 @@ impl NodeCounts {
     pub(in crate::replay) fn observe(&mut self, w: &Work, nodes: u32) -> Option<Seen> {
         if w.function == DECAY_FUNCTION {
             self.decays.push(w.work.0);
-            if self.decays.len() == nodes as usize && self.decays.windows(2).all(|p| p[0] < p[1]) {
+            let ordered = self.decays.windows(2).all(|p| p[0] < p[1]);
+            if self.vns.is_empty() && self.positional {
+                self.positional = ordered && self.decays.len() <= nodes as usize;
+            }
+            if self.decays.len() == nodes as usize && ordered {
                 self.vns.clone_from(&self.decays);
+            }
+            if self.positional {
+                return Some(Seen::Decay(self.decays.len() as u32 - 1));
             }
             self.node_of(w.work.0).map(Seen::Decay)
         } else if let Some(n) = w.nr_purged {
@@ -83,9 +114,32 @@ impl NodeCounts {
         at.iter().copied().sum()
     }
 
-    /// Whether the trace times every node's decay and purge: the nodes' addresses are known.
+    /// An area whose node tag the replay had to guess.
+    pub(in crate::replay) fn guessed_tag(&mut self, addr: u64) {
+        self.guessed.insert(addr);
+    }
+
+    /// The kernel allocated at `addr`: whatever area was there before, the one there now has
+    /// its allocating CPU's node.
+    pub(in crate::replay) fn known_tag(&mut self, addr: u64) {
+        if !self.guessed.is_empty() {
+            self.guessed.remove(&addr);
+        }
+    }
+
+    /// A drain item's `work_start` record: before the nodes' addresses are known, its decays
+    /// will be placed by their position.
+    pub(in crate::replay) fn item_started(&mut self) {
+        if self.recorded && self.vns.is_empty() {
+            self.decays.clear();
+            self.positional = true;
+        }
+    }
+
+    /// Whether the trace times every node's decay and purge: the nodes' addresses are known,
+    /// or a drain item's decays are being placed by position.
     pub(in crate::replay) fn timed(&self) -> bool {
-        !self.vns.is_empty()
+        !self.vns.is_empty() || self.positional
     }
 
     /// The node whose `struct vmap_node` holds `addr`: the last one at or below it, if `addr`
@@ -103,6 +157,7 @@ impl NodeCounts {
     /// purged was seen once and the counts add up to it; cleared for the next purge either way.
     pub(in crate::replay) fn take(&mut self, npurged: u32, nodes: u32) -> Option<Vec<u64>> {
         self.decays.clear();
+        self.positional = false;
         self.at_detach.clear();
         let counts = std::mem::take(&mut self.counts);
         if counts.is_empty() {
@@ -191,8 +246,104 @@ impl Replayer<'_> {
             }
         };
         let count = usize::try_from(count).unwrap_or(usize::MAX);
+        self.retag_lazy_to_count(&p, node, count);
         self.model.purge_node_count(&mut p, node, count);
         self.rules.early = Some(p);
+    }
+
+    /// Before `node`'s batch of `count` is purged: when its list at the detach held more
+    /// areas than that, its guessed ones go to a node not purged yet (their own, whose count
+    /// is still to come); when fewer, guessed areas of the nodes not purged yet join it.
+    fn retag_lazy_to_count(&mut self, p: &crate::model::PurgeInProgress, node: u32, count: usize) {
+        let Some(Some(have)) = self.rules.node_counts.at_detach.get(node as usize).copied() else {
+            return;
+        };
+        if have == count || self.rules.node_counts.guessed.is_empty() {
+            return;
+        }
+        let others: Vec<u32> = p
+            .remaining()
+            .iter()
+            .copied()
+            .filter(|&n| n != node)
+            .collect();
+        let guessed_on = |r: &Self, n: u32| -> Vec<u64> {
+            r.model
+                .lazy()
+                .iter()
+                .filter(|&(m, addr, _)| m == n && r.rules.node_counts.guessed.contains(&addr))
+                .map(|(_, addr, _)| addr)
+                .collect()
+        };
+        if have > count {
+            let Some(&to) = others.last() else { return };
+            for addr in guessed_on(self, node).into_iter().take(have - count) {
+                self.move_guessed(addr, node, to);
+            }
+        } else {
+            let mut short = count - have;
+            for from in others {
+                for addr in guessed_on(self, from).into_iter().take(short) {
+                    if self.move_guessed(addr, from, node) {
+                        short -= 1;
+                    }
+                }
+                if short == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Moves a guessed lazy area between two nodes' lists, and its place in what each list held
+    /// at its detach: the lists were detached before any node is purged, so the sum, the
+    /// strict `npurged` prediction, stays the same.
+    fn move_guessed(&mut self, addr: u64, from: u32, to: u32) -> bool {
+        if !self.model.retag_lazy(addr, from, to) {
+            return false;
+        }
+        self.rules.node_counts.retagged += 1;
+        let at = &mut self.rules.node_counts.at_detach;
+        if let [Some(Some(f)), Some(Some(t))] = [from, to].map(|n| at.get(n as usize).copied()) {
+            at[from as usize] = Some(f.saturating_sub(1));
+            at[to as usize] = Some(t + 1);
+        }
+        true
+    }
+
+    /// Guessed areas of a batch the model already took, moved from a node over its count to
+    /// one under it, and into that node's pool.
+    fn repool_guessed(&mut self, got: &mut crate::model::Purged, counts: &[u64]) {
+        if self.rules.node_counts.guessed.is_empty() {
+            return;
+        }
+        let want: Vec<usize> = counts
+            .iter()
+            .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
+            .collect();
+        let mut have = vec![0usize; want.len()];
+        for b in &got.batch {
+            if let Some(h) = have.get_mut(b.node as usize) {
+                *h += 1;
+            }
+        }
+        for i in 0..got.batch.len() {
+            let from = got.batch[i].node as usize;
+            if from >= want.len()
+                || have[from] <= want[from]
+                || !self.rules.node_counts.guessed.contains(&got.batch[i].addr)
+            {
+                continue;
+            }
+            let Some(to) = (0..want.len()).find(|&n| have[n] < want[n]) else {
+                break;
+            };
+            if self.model.repool(&mut got.batch[i], to as u32) {
+                have[from] -= 1;
+                have[to] += 1;
+                self.rules.node_counts.retagged += 1;
+            }
+        }
     }
 
     /// The batch of a purge whose nodes' counts are known: each node's `count` oldest lazy
@@ -220,6 +371,7 @@ impl Replayer<'_> {
         counts: &[u64],
     ) {
         self.rules.node_counts.used += 1;
+        self.repool_guessed(got, counts);
         let page = self.model.params().page_size;
         for (node, &want) in counts.iter().enumerate() {
             let node = node as u32;
@@ -371,6 +523,109 @@ mod tests {
             .purge_finish(r.rules.early.take().expect("under way"));
         r.match_node_counts(&mut got, &counts);
         assert_eq!((got.npurged, r.rules.node_counts.moved), (4, 0));
+    }
+
+    /// Before any purge has shown every node's address, a drain item's decays are nodes 0, 1,
+    /// … in the order they come, on a trace whose header lists the decay probe; not on one
+    /// whose header does not, nor for decays seen before any item started (the trace may have
+    /// started inside a purge), nor once they come out of order.
+    #[test]
+    fn an_items_decays_are_placed_by_position_before_the_nodes_are_known() {
+        let mut c = NodeCounts {
+            recorded: true,
+            ..NodeCounts::default()
+        };
+        let decay = |n: u64| work(DECAY_FUNCTION, VN + n * STRIDE, None);
+        assert_eq!(c.observe(&decay(2), 4), None, "no item started");
+        c.item_started();
+        assert!(c.timed());
+        for n in 0..4 {
+            assert_eq!(c.observe(&decay(n), 4), Some(Seen::Decay(n as u32)));
+        }
+        let counted = work("0x0", VN + STRIDE + PURGE_WORK, Some(2));
+        assert_eq!(c.observe(&counted, 4), Some(Seen::Purged(1, 2)));
+        assert_eq!(c.take(2, 4), Some(vec![0, 2, 0, 0]));
+
+        let mut untimed = NodeCounts::default();
+        untimed.item_started();
+        assert!(!untimed.timed(), "the header lists no decay probe");
+        assert_eq!(untimed.observe(&decay(0), 4), None);
+
+        let mut shuffled = NodeCounts {
+            recorded: true,
+            ..NodeCounts::default()
+        };
+        shuffled.item_started();
+        assert_eq!(shuffled.observe(&decay(1), 4), Some(Seen::Decay(0)));
+        assert_eq!(shuffled.observe(&decay(0), 4), None, "out of order");
+        assert!(!shuffled.timed());
+    }
+
+    /// The snapshot does not say which CPU allocated an area, so its node is a guess. When the
+    /// kernel's counts put one more area on node 1 and one fewer on node 0 than the model's
+    /// batch, the guessed area moves to node 1's pool; nothing else leaves or joins the batch.
+    #[test]
+    fn the_counts_move_a_guessed_area_to_its_nodes_pool() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        r.causal = true;
+        let addrs = lazy_areas(&mut r, 3, 2);
+        r.rules.node_counts.guessed_tag(addrs[0]);
+        let mut got = r.model.purge_oldest(false, usize::MAX);
+        assert_eq!(got.npurged, 3);
+        r.match_node_counts(&mut got, &[2, 1]);
+        assert_eq!(got.npurged, 3);
+        assert_eq!(r.rules.node_counts.moved, 0, "no area left or joined");
+        assert_eq!(r.rules.node_counts.retagged, 1);
+        let pooled: Vec<(u32, u64)> = r.model.pools().iter().map(|(n, a, _)| (n, a)).collect();
+        assert!(pooled.contains(&(1, addrs[0])), "{pooled:x?}");
+        assert!(pooled.contains(&(0, addrs[1])) && pooled.contains(&(0, addrs[2])));
+
+        // A known area is not moved: the counts are then matched as before.
+        let mut r = replayer(&opts);
+        r.causal = true;
+        lazy_areas(&mut r, 3, 2);
+        let mut got = r.model.purge_oldest(false, usize::MAX);
+        r.match_node_counts(&mut got, &[2, 1]);
+        assert_eq!(r.rules.node_counts.retagged, 0);
+        assert_eq!(r.rules.node_counts.moved, 1);
+    }
+
+    /// Followed node by node: node 0's decay found three areas and its count says two, so its
+    /// guessed area (the oldest, as the snapshot's are) goes to node 1, whose purge then takes
+    /// it, and node 0's batch is its two known areas.
+    #[test]
+    fn a_nodes_surplus_guessed_area_waits_for_another_nodes_purge() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        r.causal = true;
+        r.rules.node_counts.recorded = true;
+        let addrs = lazy_areas(&mut r, 3, 2);
+        r.rules.node_counts.guessed_tag(addrs[0]);
+        r.rules.node_counts.item_started();
+        r.causal_start_at_work();
+        let nodes = r.model.params().layout.nr_nodes();
+        for n in 0..u64::from(nodes) {
+            let Some(Seen::Decay(node)) = r
+                .rules
+                .node_counts
+                .observe(&work(DECAY_FUNCTION, VN + n * STRIDE, None), nodes)
+            else {
+                panic!("decay {n} placed");
+            };
+            r.node_decayed(node);
+        }
+        r.node_purged(0, 2);
+        assert!(r.model.lazy().find(addrs[1]).is_none() && r.model.lazy().find(addrs[2]).is_none());
+        assert_eq!(r.model.lazy().find(addrs[0]).map(|(n, _)| n), Some(1));
+        r.node_purged(1, 1);
+        assert!(r.model.lazy().find(addrs[0]).is_none());
+        assert_eq!(
+            r.rules.node_counts.take_predicted(),
+            Some(3),
+            "the sum is kept"
+        );
+        assert_eq!(r.rules.node_counts.retagged, 1);
     }
 
     /// Without the nodes' addresses the causal replay waits for the purge's event.
