@@ -318,6 +318,11 @@ pub struct Report {
     /// Areas whose node the causal replayer had guessed (the snapshot's) and moved to another
     /// node, lazy or pooled, because the nodes' counts placed them there.
     pub node_count_areas_retagged: u64,
+    /// Adds of frees not seen yet that a free's backlog showed, which the causal replayer
+    /// counted in its predicted backlog until their frees came (`late_adds`).
+    pub late_adds_seen: u64,
+    /// Late frees whose pages such an add had already counted.
+    pub late_adds_matched: u64,
     /// Purges whose batch, when no single swap made the backlog after it match the kernel's,
     /// moved the node split instead: the newest areas of one node's batch back to lazy and as
     /// many of another node's oldest lazy areas in (`Replayer::shift_between_nodes`).
@@ -615,6 +620,7 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
     causal.tally.lines = ahead.lines_read();
     let strict = causal.strict();
     let node_counts = causal.rules.node_counts.clone();
+    let late_adds = (causal.rules.late_adds_seen, causal.rules.late_adds_matched);
     let mut report = match explained {
         Some(mut r) => {
             r.tally.lines = ahead.lines_read();
@@ -627,6 +633,8 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
     report.purges_followed_by_node = node_counts.started;
     report.node_count_areas_moved = node_counts.moved;
     report.node_count_areas_retagged = node_counts.retagged;
+    report.late_adds_seen = late_adds.0;
+    report.late_adds_matched = late_adds.1;
     Ok(report)
 }
 
@@ -765,6 +773,13 @@ struct Rules {
     /// Early purges applied node by node at more than one point, and whether the current one
     /// is.
     early_split: u64,
+    /// Adds a free's backlog showed before their events came (causal replay).
+    late_adds_seen: u64,
+    /// Late frees whose pages such adds held.
+    late_adds_matched: u64,
+    /// Pages of those adds whose frees have not come yet: part of the causal replay's
+    /// predicted backlog, not of the model's (its drain trigger and purges do not see them).
+    unseen_pages: u64,
     early_is_split: bool,
     /// The last frees since the model's last purge step, as `(observed nr_lazy, pages)`, at
     /// most `InferenceParams::add_order_span`: see [`Replayer::add_order_explains`].
@@ -892,6 +907,9 @@ impl<'o> Replayer<'o> {
                 late_purged: 0,
                 pool_skip: None,
                 early_split: 0,
+                late_adds_seen: 0,
+                late_adds_matched: 0,
+                unseen_pages: 0,
                 early_is_split: false,
                 recent_frees: VecDeque::new(),
                 since_purge: None,
@@ -1339,13 +1357,15 @@ impl<'o> Replayer<'o> {
         self.tally.free += 1;
         let own_pages =
             self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
-        let strict_ok = self.model.lazy_pages() + own_pages == f.nr_lazy;
+        let strict_ok = self.model.lazy_pages() + self.rules.unseen_pages + own_pages == f.nr_lazy;
         self.score.nr_lazy_exact.add(strict_ok);
         self.backlog_drop_seen(f.nr_lazy, own_pages, ahead);
+        let before = self.model.lazy_pages() + self.rules.unseen_pages;
         let got = match self.model.free(addr) {
             Ok(g) => g,
             Err(e) => return self.warn("free-unknown-address", e.to_string()),
         };
+        self.late_adds(f.nr_lazy, before, own_pages);
         self.join_owed(addr, got.size, got.nr_lazy, f.nr_lazy);
         if let (Some(left), Some(p)) = (
             self.rules.joins_left.get_mut(got.node as usize),
@@ -1449,6 +1469,8 @@ impl<'o> Replayer<'o> {
         ahead: &dyn DrainLookup,
     ) -> Result<(), ReplayError> {
         self.tally.purge += 1;
+        // Unseen adds leave with the purge, as the untracked frees do (`late_adds`).
+        self.rules.unseen_pages = 0;
         self.loop_advance(u64::MAX);
         self.model.settle_subtractions(None);
         let full = self.pending_failure.is_some();
@@ -1673,6 +1695,8 @@ impl<'o> Replayer<'o> {
             purges_followed_by_node: self.rules.node_counts.started,
             node_count_areas_moved: self.rules.node_counts.moved,
             node_count_areas_retagged: self.rules.node_counts.retagged,
+            late_adds_seen: self.rules.late_adds_seen,
+            late_adds_matched: self.rules.late_adds_matched,
             batches_shifted: self.rules.shifted,
             detach_step_fitted_ns: self.rules.step_fit.fitted(),
             detach_step_fit_purges: self.rules.step_fit.purges(),

@@ -8,7 +8,8 @@
 //!   (a batch against the backlog it left), `swaps` (purge swaps), `give_back` (causal replay's
 //!   give-back of the newest areas), `node_counts` (each node's batch from `purge_vmap_node`'s
 //!   count);
-//! - the backlog's order: `add_order`, `across_purge`;
+//! - the backlog's order: `add_order`, `across_purge`, `late_adds` (adds whose events come
+//!   late, causal replay);
 //! - placement: `hidden` (hidden ranges and the pools put back).
 //!
 //! Their state about the model (hidden ranges, held subtractions) is kept by
@@ -27,6 +28,7 @@ mod foreign;
 mod give_back;
 mod hidden;
 mod joins;
+mod late_adds;
 mod loop_pacing;
 pub(in crate::replay) mod node_counts;
 mod node_sets;
@@ -71,6 +73,8 @@ pub enum Rule {
     PoolSkip,
     /// Each node's batch from `purge_vmap_node`'s own count (richer rungs only).
     NodeCounts,
+    /// Adds a free's backlog shows before their own events come (causal replay only).
+    LateAdds,
 }
 
 /// An `--infer NAME=N` that names no parameter or has no valid value.
