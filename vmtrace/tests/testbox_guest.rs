@@ -514,10 +514,13 @@ fn meets_the_floors(trace: &Path, cpus: u32, paging: u8, label: &str) -> Result<
     // `nr_purged`"). Measured at 97.5-99.9 % on 25 guest recordings, against 61.3-94.1 %
     // with those records taken out of the same traces; both are checked here. Strict nr_lazy
     // came to 93.9-99.5 % on them, and strict npurged (each node's lazy areas at its timed
-    // decay) to 93.5-100 % on the 19 of them replayed with that prediction. Then one 8-node
-    // random-size recording and its retake came to strict nr_lazy 89.8 % and 85.4 % (explained
-    // 96.3 % and 95.6 %): on 8-node random-size that figure ranges from 85 to 99 % between runs
-    // of the same script, so its floor sits at 75 %.
+    // decay) to 93.5-100 % on the 19 of them replayed with that prediction. Two things took
+    // strict nr_lazy from 85.4-99.4 % to 99.3-99.9 % on 15 of those recordings (4, 8 and 16
+    // nodes): the snapshot's areas, whose nodes replay guesses, moved to the nodes the
+    // kernel's counts put them on (8-node random-size had run at 85-99 % between runs of the
+    // same script), and the adds whose events come late counted in the predicted backlog
+    // (docs/inference.md). The floor of 97 % sits 2.3 points under the lowest of them; one
+    // late add no rule catches costs 0.2-0.6 points there.
     //
     // The explained figures can collapse where the strict ones do not: on one 8-node
     // random-size recording (explained nr_lazy 74.9 %, npurged 66.0 %; strict 94.5 % and
@@ -541,7 +544,7 @@ fn meets_the_floors(trace: &Path, cpus: u32, paging: u8, label: &str) -> Result<
     if strict < 95.0 {
         misses.push(format!("strict placement after warm-up {strict:.2} %"));
     }
-    if strict_nr_lazy < 75.0 {
+    if strict_nr_lazy < 97.0 {
         misses.push(format!("strict nr_lazy {strict_nr_lazy:.2} %"));
     }
     if strict_npurged < 85.0 {
