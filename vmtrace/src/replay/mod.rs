@@ -1359,7 +1359,11 @@ impl<'o> Replayer<'o> {
             self.model.busy().get(&addr).map_or(0, |b| b.size) / self.model.params().page_size;
         let strict_ok = self.model.lazy_pages() + self.rules.unseen_pages + own_pages == f.nr_lazy;
         self.score.nr_lazy_exact.add(strict_ok);
-        self.backlog_drop_seen(f.nr_lazy, own_pages, ahead);
+        // A free whose add came long before its event reports a backlog from back then: not a
+        // purge's drop, when the unseen adds hold its pages (`late_adds`).
+        if !self.late_free(f.nr_lazy, own_pages) {
+            self.backlog_drop_seen(f.nr_lazy, own_pages, ahead);
+        }
         let before = self.model.lazy_pages() + self.rules.unseen_pages;
         let got = match self.model.free(addr) {
             Ok(g) => g,

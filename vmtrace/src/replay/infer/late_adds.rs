@@ -9,7 +9,8 @@
 //!   the model's by exactly the pages of some area the model holds busy: those pages count in
 //!   the backlog from then on. When a free then reports a backlog below what the model already
 //!   held before it, and the unseen pages cover it, its pages were among them and are not added
-//!   again. The unseen pages are part of the predicted backlog only, not of the model's: its
+//!   again, and it is not read as a purge's drop (the early-purge rules would purge a node for
+//!   it). The unseen pages are part of the predicted backlog only, not of the model's: its
 //!   drain trigger and purges do not see them (with them in the model, random-size placement
 //!   got worse). Unseen pages left at a purge event leave with it.
 //! - **Parameters**: none.
@@ -23,6 +24,15 @@
 use crate::replay::Replayer;
 
 impl Replayer<'_> {
+    /// Whether a free of `own` pages reporting `nr_lazy`, below the predicted backlog, is one
+    /// whose add the unseen adds already counted (causal replay only).
+    pub(in crate::replay) fn late_free(&self, nr_lazy: u64, own: u64) -> bool {
+        self.causal
+            && self.opts.rule_on(super::Rule::LateAdds)
+            && nr_lazy < self.model.lazy_pages() + self.rules.unseen_pages
+            && self.rules.unseen_pages >= own
+    }
+
     /// After a free of `own` pages, scored against the model's backlog `before` it (with the
     /// unseen adds), reported `nr_lazy`.
     pub(in crate::replay) fn late_adds(&mut self, nr_lazy: u64, before: u64, own: u64) {
@@ -94,6 +104,25 @@ mod tests {
         r.late_adds(before + 10 + 7, before, 10);
         assert_eq!(r.rules.unseen_pages, 0);
         assert_eq!(r.rules.late_adds_seen, 1);
+    }
+
+    /// A free reporting a backlog far below the model's is a late one, not a purge's drop,
+    /// only when the unseen adds hold its pages: then the early-purge rules leave it alone.
+    #[test]
+    fn a_late_free_is_not_read_as_a_drop() {
+        let opts = ReplayOptions::default();
+        let mut r = replayer(&opts);
+        r.causal = true;
+        let big = request(&r, 20, 0);
+        let a = r.model.alloc(&big).expect("request").expect("space").addr;
+        r.model.free(a).expect("busy");
+        let lazy = r.model.lazy_pages();
+        assert!(!r.late_free(lazy - 10, 3), "no unseen add: a drop");
+        r.rules.unseen_pages = 3;
+        assert!(r.late_free(lazy - 10, 3));
+        assert!(!r.late_free(lazy - 10, 4), "more pages than were unseen");
+        r.causal = false;
+        assert!(!r.late_free(lazy - 10, 3), "causal replay only");
     }
 
     /// The rule is the causal replay's only.
