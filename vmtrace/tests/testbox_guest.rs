@@ -520,7 +520,9 @@ fn meets_the_floors(trace: &Path, cpus: u32, paging: u8, label: &str) -> Result<
     // kernel's counts put them on (8-node random-size had run at 85-99 % between runs of the
     // same script), and the adds whose events come late counted in the predicted backlog
     // (docs/inference.md). The floor of 97 % sits 2.3 points under the lowest of them; one
-    // late add no rule catches costs 0.2-0.6 points there.
+    // late add no rule catches costs 0.2-0.6 points there. With both, strict placement after
+    // warm-up was 97.9-99.9 % on those 15 and 99.2-99.9 % on the next run's six fresh
+    // recordings: its floor is 97 % too.
     //
     // The explained figures can collapse where the strict ones do not: on one 8-node
     // random-size recording (explained nr_lazy 74.9 %, npurged 66.0 %; strict 94.5 % and
@@ -541,7 +543,7 @@ fn meets_the_floors(trace: &Path, cpus: u32, paging: u8, label: &str) -> Result<
     if warm < 95.0 {
         misses.push(format!("placement after warm-up {warm:.2} %"));
     }
-    if strict < 95.0 {
+    if strict < 97.0 {
         misses.push(format!("strict placement after warm-up {strict:.2} %"));
     }
     if strict_nr_lazy < 97.0 {
