@@ -957,7 +957,10 @@ impl<'o> Replayer<'o> {
     fn seed_tag(&mut self, addr: u64) -> u32 {
         let p = self.model.params();
         if p.variant.has_pools() && p.layout.nr_nodes() > 1 {
-            self.rules.node_counts.guessed_tag(addr);
+            if self.causal {
+                // Only the causal replayer's node-count rule corrects a guessed tag.
+                self.rules.node_counts.guessed_tag(addr);
+            }
             p.layout.addr_to_node(addr) + 1
         } else {
             0
