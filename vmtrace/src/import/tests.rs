@@ -216,6 +216,38 @@ fn error_line(text: &str) -> (u64, String) {
     }
 }
 
+/// perf prints an event that missed its ordering round a few µs late: the line is kept, written
+/// at the time of the line before it, and the header says how many and how far back.
+#[test]
+fn a_line_a_little_out_of_time_order_is_kept_at_the_time_before_it() {
+    let lines: Vec<&str> = PERF
+        .lines()
+        .filter(|l| l.contains("alloc_vmap_area:"))
+        .take(2)
+        .collect();
+    assert!(lines[1].contains("16736.414666"), "{}", lines[1]);
+    let earlier = lines[0].replace("16736.414516", "16736.414662");
+    let text = format!("{}\n{earlier}\n", lines[1]);
+    let (s, records) = run(&text, &ImportOptions::default()).unwrap();
+    assert_eq!(s.events.alloc, 2);
+    let ts: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Alloc(a) => Some(a.ctx.ts_ns),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ts.len(), 2);
+    assert!(ts[1] >= ts[0], "{ts:?}");
+    assert!(
+        s.inferred
+            .iter()
+            .any(|n| n.contains("1 event line(s) printed out of time order, up to 4000 ns back")),
+        "{:?}",
+        s.inferred
+    );
+}
+
 #[test]
 fn bad_input_gets_its_line_number() {
     let mut lines: Vec<&str> = PERF.lines().take(40).collect();
@@ -228,7 +260,7 @@ fn bad_input_gets_its_line_number() {
     assert_eq!(line, at as u64 + 1, "{msg}");
     assert!(msg.contains("size"), "{msg}");
 
-    // Time going backwards.
+    // Time going backwards, further than perf's rounds put a late event.
     let a = PERF.lines().next().unwrap();
     let earlier = a.replace("16736.414516", "16736.000001");
     let (line, msg) = error_line(&format!("{a}\n{earlier}\n"));
