@@ -62,62 +62,107 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
         dir.join("again.jsonl.zst"),
         dir.join("two.jsonl.zst"),
     );
+    // A build that just finished (cargo test builds this test right before it runs) leaves a few
+    // hundred MB of dirty pages, and the flusher's kworker writing them back shares the two CPUs
+    // with whichever recording it overlaps. That is not the workload, so it is written back first.
+    let synced = std::process::Command::new("sync").status();
+    assert!(
+        synced.as_ref().is_ok_and(|s| s.success()),
+        "sync: {synced:?}"
+    );
     common::record_stress_with(&one, &["--drain-pools"], STRESS_1);
     common::record_stress_with(&again, &["--drain-pools"], STRESS_1);
     common::record_stress_with(&two, &["--drain-pools"], STRESS_2);
 
-    // Same workload: docs/compare.md measured 24 flagged of 394 tested rows (6 %) over
-    // sixteen pairs of four workloads, most of them wait-time rows. Rows of one group are not
-    // independent: a lock's wait count, time waiting and p99 move together, and so do a
-    // purge's drain latency and drain item run time (both follow where the kworker ran). So
-    // the groups are counted: at most one tested group in three, and at least 2. Ten pairs of
-    // this workload flagged one group at most.
+    // Same workload. The tool's false-positive rate is a rate over many pairs (docs/compare.md:
+    // 6 % of tested rows), and one pair cannot test a rate: the noise that stays constant through
+    // a run (which CPU the scheduler gave the thread and the kworkers) moves several groups of one
+    // pair together. Over 42 pairs of this workload on the 2-CPU reference machine
+    // (docs/compare.md), a pair flagged 0-4 of 7-8 groups (4 in one pair, 3 in five), and in
+    // "what the workload did" (rows with the ±10 % floor) one group at most (5 pairs: the event
+    // rates, 0.87-1.15x). So these are asserted: at most one group of workload rows, at most half
+    // the tested groups, and every flag beyond its row's floor.
     let same = compare(&one, &again);
     let tested = same["tested"].as_u64().unwrap();
     let f = flagged(&same);
     assert!(tested >= 15, "only {tested} rows tested");
-    let groups = |only_flagged: bool| -> std::collections::BTreeSet<String> {
+    let rows = || {
         same["rows"]
             .as_array()
             .unwrap()
             .iter()
             .chain(same["size_rows"].as_array().unwrap())
-            .filter(|r| r["tested"] == true && (!only_flagged || r["flagged"] == true))
+    };
+    let groups = |keep: &dyn Fn(&Value) -> bool| -> std::collections::BTreeSet<String> {
+        rows()
+            .filter(|r| keep(r))
             .map(|r| r["group"].as_str().unwrap().to_string())
             .collect()
     };
-    let (tested_groups, flagged_groups) = (groups(false), groups(true));
-    let allowed = tested_groups.len().div_ceil(3).max(2);
+    let tested_groups = groups(&|r| r["tested"] == true);
+    let flagged_groups = groups(&|r| r["flagged"] == true);
+    let workload_groups =
+        groups(&|r| r["flagged"] == true && r["min_effect_ratio"].as_f64().unwrap() < 1.5);
     eprintln!(
-        "same workload: {} of {tested} rows flagged, in {} of {} groups: {f:?}",
+        "same workload: {} of {tested} rows flagged, in {} of {} groups ({} of workload rows): {f:?}",
         f.len(),
         flagged_groups.len(),
-        tested_groups.len()
+        tested_groups.len(),
+        workload_groups.len()
     );
     assert!(
-        flagged_groups.len() <= allowed,
-        "{} of {} groups flagged (allowed {allowed}): {f:?}",
+        workload_groups.len() <= 1,
+        "workload rows flagged in {workload_groups:?}: {f:?}"
+    );
+    assert!(
+        2 * flagged_groups.len() <= tested_groups.len(),
+        "{} of {} groups flagged: {f:?}",
         flagged_groups.len(),
         tested_groups.len()
     );
+    for r in rows().filter(|r| r["flagged"] == true) {
+        let (ratio, floor) = (
+            r["ratio"].as_f64().unwrap(),
+            r["min_effect_ratio"].as_f64().unwrap(),
+        );
+        assert!(
+            ratio.ln().abs() > floor.ln(),
+            "flagged within its floor {floor}: {r}"
+        );
+    }
     assert!(same["header_differences"].as_array().unwrap().is_empty());
 
     // One thread against two: the differences all ten pairs of docs/compare.md flagged
     // (allocations 1.28-1.57x, purges 1.64-2.06x, mean npurged 0.76-0.87x, drain latency p90
-    // 6.7-78x).
+    // 6.7-78x). The drain latency is a scheduler draw on both sides: over 24 runs of this test the
+    // p90 went unflagged 3 times, twice when the one-thread recording's own p90 was 271 and
+    // 484 µs (10-190 µs otherwise), once when the two-thread side's windows spread 0.5-21x; the
+    // p50 (1.23-2.54x) was flagged in 18 runs, and in all three of those. So the drain is asserted
+    // to wait longer in p50 or p90 against either one-thread recording; the workload rows against
+    // the first.
     let diff = compare(&one, &two);
     let f = flagged(&diff);
     eprintln!("one against two threads: {f:?}");
-    let ratio = |m: &str| f.iter().find(|(x, _)| x == m).map(|&(_, r)| r);
+    let ratio = |f: &[(String, f64)], m: &str| f.iter().find(|(x, _)| x == m).map(|&(_, r)| r);
     for (metric, up) in [
         ("events: allocations", true),
         ("events: purges", true),
         ("purges: npurged mean", false),
-        ("purges: drain latency p90", true),
     ] {
-        let r = ratio(metric).unwrap_or_else(|| panic!("{metric} not flagged: {f:?}"));
+        let r = ratio(&f, metric).unwrap_or_else(|| panic!("{metric} not flagged: {f:?}"));
         assert_eq!(r > 1.0, up, "{metric}: B/A {r}");
     }
+    let again_f = flagged(&compare(&again, &two));
+    let drain: Vec<(&str, Option<f64>)> = [&f, &again_f]
+        .into_iter()
+        .flat_map(|f| {
+            ["purges: drain latency p50", "purges: drain latency p90"].map(|m| (m, ratio(f, m)))
+        })
+        .collect();
+    assert!(
+        drain.iter().any(|(_, r)| r.is_some_and(|r| r > 1.0)),
+        "drain latency not flagged up against either one-thread recording: {drain:?}"
+    );
     // Busy-lock waits rose 1.8-4.5x in the ten pairs of docs/compare.md, but in later runs
     // also 0.72x and 1.07x: the stress frees its vmalloc'd BPF maps in kworkers
     // (`bpf_map_free_deferred`), so on two CPUs one thread's frees already meet its own
