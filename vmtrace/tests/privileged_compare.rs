@@ -134,35 +134,49 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
 
     // One thread against two: the differences all ten pairs of docs/compare.md flagged
     // (allocations 1.28-1.57x, purges 1.64-2.06x, mean npurged 0.76-0.87x, drain latency p90
-    // 6.7-78x). The drain latency is a scheduler draw on both sides: over 24 runs of this test the
-    // p90 went unflagged 3 times, twice when the one-thread recording's own p90 was 271 and
-    // 484 µs (10-190 µs otherwise), once when the two-thread side's windows spread 0.5-21x; the
-    // p50 (1.23-2.54x) was flagged in 18 runs, and in all three of those. So the drain is asserted
-    // to wait longer in p50 or p90 against either one-thread recording; the workload rows against
-    // the first.
+    // 6.7-78x). Each one-thread recording is itself a draw: in 33 logged runs of this test the
+    // drain latency p90 went unflagged 3 times (twice when the one-thread side's own p90 came out
+    // at 271 and 484 µs, 10-190 µs otherwise). So each difference is asserted against both
+    // one-thread recordings: flagged the expected way against at least one, and never the other
+    // way; the drain in p50 or p90. The allocation rate is only asserted not to be flagged down: two
+    // threads, the kworkers that free their maps and the recorder's reader saturate both CPUs, so
+    // the scheduler decides the gain (1.04-1.74x in the last runs, unflagged against both
+    // recordings in two of three), while purges rose 1.47-2.40x in the same runs.
     let diff = compare(&one, &two);
-    let f = flagged(&diff);
-    eprintln!("one against two threads: {f:?}");
-    let ratio = |f: &[(String, f64)], m: &str| f.iter().find(|(x, _)| x == m).map(|&(_, r)| r);
-    for (metric, up) in [
-        ("events: allocations", true),
-        ("events: purges", true),
-        ("purges: npurged mean", false),
-    ] {
-        let r = ratio(&f, metric).unwrap_or_else(|| panic!("{metric} not flagged: {f:?}"));
-        assert_eq!(r > 1.0, up, "{metric}: B/A {r}");
-    }
-    let again_f = flagged(&compare(&again, &two));
-    let drain: Vec<(&str, Option<f64>)> = [&f, &again_f]
-        .into_iter()
-        .flat_map(|f| {
-            ["purges: drain latency p50", "purges: drain latency p90"].map(|m| (m, ratio(f, m)))
-        })
-        .collect();
+    let again_diff = compare(&again, &two);
+    let sides = [flagged(&diff), flagged(&again_diff)];
+    eprintln!("one against two threads: {:?}", sides[0]);
+    eprintln!("again against two threads: {:?}", sides[1]);
+    let ratios = |metrics: &[&str]| -> Vec<f64> {
+        sides
+            .iter()
+            .flat_map(|f| f.iter().filter(|(m, _)| metrics.contains(&m.as_str())))
+            .map(|&(_, r)| r)
+            .collect()
+    };
+    let allocations = ratios(&["events: allocations"]);
     assert!(
-        drain.iter().any(|(_, r)| r.is_some_and(|r| r > 1.0)),
-        "drain latency not flagged up against either one-thread recording: {drain:?}"
+        allocations.iter().all(|&r| r > 1.0),
+        "two threads allocated less: B/A {allocations:?}"
     );
+    for (metrics, up) in [
+        (&["events: purges"][..], true),
+        (&["purges: npurged mean"][..], false),
+        (
+            &["purges: drain latency p50", "purges: drain latency p90"][..],
+            true,
+        ),
+    ] {
+        let r = ratios(metrics);
+        assert!(
+            !r.is_empty(),
+            "{metrics:?} not flagged against either one-thread recording: {sides:?}"
+        );
+        assert!(
+            r.iter().all(|&r| (r > 1.0) == up),
+            "{metrics:?} flagged the other way: B/A {r:?}"
+        );
+    }
     // Busy-lock waits rose 1.8-4.5x in the ten pairs of docs/compare.md, but in later runs
     // also 0.72x and 1.07x: the stress frees its vmalloc'd BPF maps in kworkers
     // (`bpf_map_free_deferred`), so on two CPUs one thread's frees already meet its own
