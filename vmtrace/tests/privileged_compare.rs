@@ -135,13 +135,13 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
     // One thread against two: the differences all ten pairs of docs/compare.md flagged
     // (allocations 1.28-1.57x, purges 1.64-2.06x, mean npurged 0.76-0.87x, drain latency p90
     // 6.7-78x). Each one-thread recording is itself a draw: in 33 logged runs of this test the
-    // drain latency p90 went unflagged 3 times (twice when the one-thread side's own p90 came out
-    // at 271 and 484 µs, 10-190 µs otherwise). So each difference is asserted against both
+    // drain latency p90 went unflagged 3 times (twice when the one-thread side's own p90 came
+    // out at 271 and 484 µs, 10-190 µs otherwise). So each difference is asserted against both
     // one-thread recordings: flagged the expected way against at least one, and never the other
-    // way; the drain in p50 or p90. The allocation rate is only asserted not to be flagged down: two
-    // threads, the kworkers that free their maps and the recorder's reader saturate both CPUs, so
-    // the scheduler decides the gain (1.04-1.74x in the last runs, unflagged against both
-    // recordings in two of three), while purges rose 1.47-2.40x in the same runs.
+    // way; the drain in p50 or p90. The allocation rate is only asserted not to be flagged
+    // down: two threads, the kworkers that free their maps and the recorder's reader saturate
+    // both CPUs, so the scheduler decides the gain (1.04-1.74x in the last runs, unflagged
+    // against both recordings in two of three), while purges rose 1.47-2.40x in the same runs.
     let diff = compare(&one, &two);
     let again_diff = compare(&again, &two);
     let sides = [flagged(&diff), flagged(&again_diff)];
