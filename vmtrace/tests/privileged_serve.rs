@@ -536,10 +536,10 @@ fn status_kib(pid: i32, field: &str) -> u64 {
 
 /// A daemon that stalls (a slow disk, a stopped process) must not then move the whole ring
 /// buffer into its heap: `serve --record` is stopped while `stress fix-size --loops 150000` runs
-/// to the end (300,000 events, about 32 MiB of ring buffer). Its peak RSS may then grow by the
-/// reorder bound (about 10 MiB) but not by the backlog (about 45 MiB), and its heap must come
-/// back down afterwards: before the bound and the trim, a 3 s stall under stress grew it by
-/// 43 MiB for good. The files stay complete and in time order.
+/// to the end (300,000 events, about 32 MiB of ring buffer). Against the same stress unstalled,
+/// its peak RSS may then grow by the reorder bound (about 10 MiB) but not by the backlog (about
+/// 45 MiB), and its heap must come back down afterwards: before the bound and the trim, a 3 s
+/// stall under stress grew it by 43 MiB for good. The files stay complete and in time order.
 #[test]
 fn a_stalled_serve_record_holds_a_bounded_backlog() {
     if !privileged() {
@@ -557,7 +557,13 @@ fn a_stalled_serve_record_holds_a_bounded_backlog() {
         ],
         &log,
     );
+    // The baseline is the daemon after the same stress unstalled: its heap one second after
+    // start was 27 MiB in one run and 95 MiB in others (the start-up not yet trimmed), and a
+    // stress leaves buffers sized for its rate (about 50 MiB here), so neither an idle
+    // daemon's heap nor its start-up is what a stall is to be measured against.
     std::thread::sleep(Duration::from_secs(1));
+    stress(150_000);
+    std::thread::sleep(Duration::from_secs(3));
     let before = status_kib(serve.pid(), "RssAnon:");
     let peak_before = status_kib(serve.pid(), "VmHWM:");
     // SAFETY: kill on our own child's pid.
@@ -578,8 +584,11 @@ fn a_stalled_serve_record_holds_a_bounded_backlog() {
         peak < peak_before + 24 * 1024,
         "the peak RSS grew from {peak_before} KiB to {peak} KiB: the ring's backlog went into memory"
     );
+    // Measured against the unstalled baseline: 4.4-10.1 MiB more over seven runs, and 20-27 MiB
+    // more over three runs when the freed heap was handed to glibc's `malloc_trim` alone while
+    // the binary allocates through mimalloc (a bug this baseline exposed).
     assert!(
-        after < before + 12 * 1024,
+        after < before + 15 * 1024,
         "the heap grew from {before} KiB to {after} KiB for good after a stall"
     );
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
