@@ -23,6 +23,14 @@
 //! the tree it guards were last written by another CPU. It is the measured section of the
 //! calibration where it exists; the busy lock has no tracepoint after its sections and keeps
 //! the estimator.
+//!
+//! The same tracepoint marks when the holder let go. A lazy-lock waiter whose wait ends just
+//! after another CPU's last `free` (`since_release`) entered as that holder's section ended: its
+//! arrival lies somewhere before, unseen. Free-running replay places a free by its tracepoint,
+//! so it cannot put such a waiter inside the holder's section, whatever the holds; this
+//! measures how many of the kernel's waits are of that kind (docs/model.md). Only the lazy lock
+//! is measured so: an allocation's tracepoint comes after its busy-tree insert, well after it
+//! let go of the free-area or pool lock.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -63,6 +71,10 @@ pub struct Pairs {
     open: HashMap<u32, (LockClass, u64)>,
     /// Per class, from a wait's end to the event that ended the waiter's section.
     pub deltas: BTreeMap<LockClass, Vec<u64>>,
+    /// Per CPU, the time of its last `free`.
+    last_free: HashMap<u32, u64>,
+    /// Lazy-lock waits: from another CPU's last `free` to the wait's end, within [`WINDOW_NS`].
+    pub since_release: Vec<u64>,
 }
 
 impl Pairs {
@@ -70,6 +82,18 @@ impl Pairs {
     pub fn record(&mut self, rec: &Record) {
         let (ctx, kind) = match rec {
             Record::Contention(c) => {
+                if c.wait_ns > 0 && c.class == LockClass::NodeLazyLock {
+                    let end = c.ctx.ts_ns;
+                    let holder = self
+                        .last_free
+                        .iter()
+                        .filter(|&(&cpu, &t)| cpu != c.ctx.cpu && t <= end)
+                        .map(|(_, &t)| t)
+                        .max();
+                    if let Some(gap) = holder.map(|t| end - t).filter(|&g| g < WINDOW_NS) {
+                        self.since_release.push(gap);
+                    }
+                }
                 if c.wait_ns > 0 && follower(c.class).is_some() {
                     self.open.insert(c.ctx.pid, (c.class, c.ctx.ts_ns));
                 } else {
@@ -79,7 +103,10 @@ impl Pairs {
                 return;
             }
             Record::Alloc(a) => (&a.ctx, Follower::Alloc),
-            Record::Free(f) => (&f.ctx, Follower::Free),
+            Record::Free(f) => {
+                self.last_free.insert(f.ctx.cpu, f.ctx.ts_ns);
+                (&f.ctx, Follower::Free)
+            }
             _ => return,
         };
         let Some((class, end)) = self.open.remove(&ctx.pid) else {
@@ -104,6 +131,18 @@ pub struct ClassSection {
     pub median_pair_ns: u64,
     /// `median_pair_ns` less the probes' cost.
     pub section_ns: u64,
+    /// Lazy lock only: the waits that ended within [`WINDOW_NS`] of another CPU's last `free`,
+    /// and the 10th and 50th percentiles of that gap over all traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_release: Option<SinceRelease>,
+}
+
+/// How soon after the holder's tracepoint the lazy-lock waiters got the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SinceRelease {
+    pub waits: u64,
+    pub p10_ns: u64,
+    pub p50_ns: u64,
 }
 
 /// What the waiters' own sections measured.
@@ -138,7 +177,9 @@ fn median(v: &mut [u64]) -> u64 {
 pub fn measure<'a>(traces: impl Iterator<Item = &'a Pairs>) -> Option<AfterWait> {
     let mut pool = Vec::new();
     let mut medians: BTreeMap<LockClass, (u64, Vec<u64>)> = BTreeMap::new();
+    let mut since = Vec::new();
     for t in traces {
+        since.extend_from_slice(&t.since_release);
         for (&class, d) in &t.deltas {
             if class == LockClass::NodePoolLock {
                 pool.extend_from_slice(d);
@@ -155,6 +196,7 @@ pub fn measure<'a>(traces: impl Iterator<Item = &'a Pairs>) -> Option<AfterWait>
         return None;
     }
     pool.sort_unstable();
+    since.sort_unstable();
     let overhead_ns = quantile(&pool, OVERHEAD_QUANTILE);
     let classes = medians
         .into_iter()
@@ -167,6 +209,13 @@ pub fn measure<'a>(traces: impl Iterator<Item = &'a Pairs>) -> Option<AfterWait>
                 traces: m.len() as u32,
                 median_pair_ns,
                 section_ns: median_pair_ns.saturating_sub(overhead_ns),
+                since_release: (class == LockClass::NodeLazyLock && !since.is_empty()).then(|| {
+                    SinceRelease {
+                        waits: since.len() as u64,
+                        p10_ns: quantile(&since, 0.1),
+                        p50_ns: quantile(&since, 0.5),
+                    }
+                }),
             }
         })
         .collect();
@@ -278,6 +327,43 @@ pub(crate) mod tests {
             p.deltas,
             BTreeMap::from([(LockClass::NodeLazyLock, vec![400])])
         );
+    }
+
+    /// A lazy-lock wait is timed from the last free of another CPU (the holder's tracepoint),
+    /// not of its own, and only within the window; the gap moves with the holder's free.
+    #[test]
+    fn since_release_is_timed_from_another_cpus_last_free() {
+        let run = |holder_at: u64| {
+            let mut p = trace(600);
+            let t = 10_000_000;
+            // pid 2 runs on CPU 0, pid 1 and 3 on CPU 1.
+            p.record(&free(t + holder_at, 2));
+            p.record(&free(t + 900, 3));
+            p.record(&wait(t + 1_000, 1, LockClass::NodeLazyLock));
+            p.record(&free(t + 1_800, 1));
+            // Another CPU's free too long before: no holder of this wait.
+            p.record(&free(t + 100_000, 2));
+            p.record(&wait(t + 100_000 + WINDOW_NS, 1, LockClass::NodeLazyLock));
+            p
+        };
+        let p = run(800);
+        assert_eq!(p.since_release.last(), Some(&200));
+        let m = measure([p].iter()).unwrap();
+        let s = m
+            .section(LockClass::NodeLazyLock)
+            .unwrap()
+            .since_release
+            .unwrap();
+        // trace()'s lazy waits are on CPU 0, and only CPU 0 frees there: none has a holder.
+        assert_eq!((s.waits, s.p50_ns), (1, 200));
+        assert_eq!(
+            run(300).since_release,
+            vec![700],
+            "perturbed: the holder freed earlier"
+        );
+        assert!(m
+            .section(LockClass::FreeAreaLock)
+            .is_none_or(|c| c.since_release.is_none()));
     }
 
     /// Each trace counts once: one with many waits does not outvote the others, and a trace
