@@ -199,7 +199,8 @@ pub struct PageFilter {
 
 /// Indexes of the per-CPU `COUNTERS` array: filter and stack-map accounting.
 pub mod counter {
-    /// `bpf_get_stackid` failed (map full or hash bucket taken); the event carries the errno.
+    /// `bpf_get_stackid` failed (map full, or the bucket taken for the stack with each of its
+    /// first frames dropped in turn); the event carries the errno.
     pub const STACK_MAP_FAIL: u32 = 0;
     /// `bpf_get_stack` for the in-kernel filter failed.
     pub const STACK_READ_FAIL: u32 = 1;

@@ -221,13 +221,7 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
         return;
     };
     record_verdict(lock, true);
-    let stack_id = match ctx.get_stackid(&STACKS, 0) {
-        Ok(id) => id,
-        Err(e) => {
-            bump(counter::STACK_MAP_FAIL);
-            e as i64
-        }
-    };
+    let stack_id = store_stack(ctx);
     let begin_ns = now_ns();
     store_pending(
         per_cpu,
@@ -241,6 +235,31 @@ fn begin_wait<C: EbpfContext + StackIdContext, const DEPTH: usize>(ctx: &C, lock
             matched,
         },
     );
+}
+
+/// Frames a wait's stack may lose to find a free bucket (see [`store_stack`]).
+const MAX_SKIP: u64 = 2;
+const EEXIST: i64 = 17;
+
+/// Stores the waiter's stack and returns its id, or the last errno. The stack map has no
+/// `BPF_F_REUSE_STACKID`, so an id user space has resolved stays valid; but then a stack whose
+/// hash bucket another stack took first fails every time, and a popular vmap stack can lose
+/// its bucket to a rare one in any run. Dropping the innermost frame (the tracepoint's own
+/// frames, or a lock primitive above the acquirer the classifier looks for) changes the hash.
+#[inline(always)]
+fn store_stack<C: EbpfContext + StackIdContext>(ctx: &C) -> i64 {
+    let mut last = 0;
+    for skip in 0..=MAX_SKIP {
+        match ctx.get_stackid(&STACKS, skip) {
+            Ok(id) => return id,
+            Err(e) => last = e as i64,
+        }
+        if last != -EEXIST {
+            break;
+        }
+    }
+    bump(counter::STACK_MAP_FAIL);
+    last
 }
 
 #[inline(always)]

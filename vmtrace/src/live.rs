@@ -133,11 +133,7 @@ pub fn drain_at_most(
                     .or_insert_with(|| probes.stack_frames(c.stack_id).unwrap_or_default())
                     .clone();
             }
-            let r = if c.stack_id == vmtrace_common::contention::STACK_NOT_WALKED {
-                classifier.classify_unwalked(c.lock.0)
-            } else {
-                classifier.classify(&c.stack, c.lock.0, c.flags)
-            };
+            let r = classifier.classify_wait(c.stack_id, &c.stack, c.lock.0, c.flags);
             c.class = r.class;
             c.node = r.node;
             for (lock, class) in classifier.take_newly_known() {

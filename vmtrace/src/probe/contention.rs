@@ -182,6 +182,26 @@ impl Classifier {
         self.with_node(class, lock)
     }
 
+    /// Classifies one wait as the probe sent it: by its stack when it was walked and stored,
+    /// by its address when it was not walked, or when the walk's stack could not be stored.
+    /// `bpf_get_stackid` fails when another stack holds the hash bucket (the map has no
+    /// `BPF_F_REUSE_STACKID`, so stored ids stay valid), and a popular stack that lost its
+    /// bucket fails every time: those waits would all read `other` though their lock's
+    /// address was learnt from agreeing stacks like any unwalked wait's.
+    pub fn classify_wait(
+        &mut self,
+        stack_id: i64,
+        frames: &[String],
+        lock: u64,
+        flags: u32,
+    ) -> Classified {
+        if stack_id < 0 {
+            self.classify_unwalked(lock)
+        } else {
+            self.classify(frames, lock, flags)
+        }
+    }
+
     /// Takes `lock` as `class` without waits to learn from: its address came from the kernel
     /// itself (kallsyms, or a `vmap_node` and BTF offsets). True when it was not known yet.
     pub fn know(&mut self, lock: u64, class: LockClass) -> bool {
@@ -526,6 +546,42 @@ mod tests {
         );
         // An address never marked is not guessed.
         assert_eq!(c.classify_unwalked(NODE1_LAZY).class, LockClass::Other);
+    }
+
+    #[test]
+    fn a_walk_whose_stack_was_not_stored_is_classified_by_its_known_address() {
+        let mut c = Classifier::new(2);
+        let lazy = stack("free_vmap_area_noflush+0xb3");
+        const EEXIST: i64 = -17;
+        // Before the address is known a failed walk is not guessed, and teaches nothing.
+        assert_eq!(
+            c.classify_wait(EEXIST, &[], NODE0_LAZY, 1).class,
+            LockClass::Other
+        );
+        for id in 0..i64::from(KNOWN_AFTER) {
+            assert_eq!(
+                c.classify_wait(id, &lazy, NODE0_LAZY, 1).class,
+                LockClass::NodeLazyLock
+            );
+        }
+        assert_eq!(
+            c.classify_wait(EEXIST, &[], NODE0_LAZY, 1).class,
+            LockClass::NodeLazyLock
+        );
+        assert_eq!(
+            c.classify_wait(EEXIST, &[], NODE1_LAZY, 1).class,
+            LockClass::Other
+        );
+        assert_eq!(
+            c.classify_wait(
+                vmtrace_common::contention::STACK_NOT_WALKED,
+                &[],
+                NODE0_LAZY,
+                1
+            )
+            .class,
+            LockClass::NodeLazyLock
+        );
     }
 
     #[test]
