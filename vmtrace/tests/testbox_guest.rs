@@ -391,8 +391,16 @@ fn wait_estimate_agrees_with_the_holds(trace: &Path) {
 /// and free-area locks on kernels without fentry, against the mean of every hold timed here.
 /// Measured in this guest on a fix-size recording: lazy lock 2,194 ns against 2,055 timed
 /// (1.07), free-area lock 3,000 against 3,406 (0.88). Under TCG a waiter's cold cache costs
-/// nothing, so this checks the pairing and the probe cost taken off, not that bias. A class
-/// with fewer than 20 pairs has no section, and is said to be skipped.
+/// nothing, so this checks the pairing, not that bias. A class with fewer than 20 pairs has no
+/// section, and is said to be skipped.
+///
+/// The probes' cost taken off is the pool-lock pairs' low end, which on real hardware is a
+/// list pop and the probes. Emulated, the code from the pool lock's release to the alloc
+/// tracepoint is not free, and in one CI run the lowest pool pair (3,645 ns, 31 pairs) lay above
+/// the lowest lazy pair (3,074 ns): the lazy section came to 771 ns against 2,983 timed (0.26).
+/// So the section is known here only to lie between the median pair less that cost and the
+/// median pair itself, and that bracket must meet a third to three times the timed holds; a
+/// pairing with the wrong event moves the whole bracket out.
 fn own_sections_agree_with_the_holds(c: &Value) {
     let Some(classes) = c["after_wait"]["classes"].as_array() else {
         eprintln!("SKIP own sections: fewer than 20 pool-lock pairs to size the probes' cost");
@@ -401,6 +409,7 @@ fn own_sections_agree_with_the_holds(c: &Value) {
     for s in classes {
         let class = s["class"].as_str().unwrap_or("?");
         let section = s["section_ns"].as_f64().unwrap();
+        let pair = s["median_pair_ns"].as_f64().unwrap();
         let timed = c["holds"]
             .as_array()
             .unwrap()
@@ -408,14 +417,17 @@ fn own_sections_agree_with_the_holds(c: &Value) {
             .find(|h| h["class"] == s["class"])
             .and_then(|h| h["mean_hold_ns"].as_f64())
             .unwrap_or_else(|| panic!("{class}: own sections but no timed holds: {c}"));
-        let ratio = section / timed;
         eprintln!(
-            "{class}: own sections {section:.0} ns from {} pairs, timed {timed:.0} ns: {ratio:.2}",
-            s["pairs"]
+            "{class}: own sections {section:.0} ns (median pair {pair:.0} ns) from {} pairs, \
+             timed {timed:.0} ns: {:.2}-{:.2}",
+            s["pairs"],
+            section / timed,
+            pair / timed
         );
         assert!(
-            (1.0 / 3.0..=3.0).contains(&ratio),
-            "{class}: waiters' own sections say {section:.0} ns, the timed holds {timed:.0} ns"
+            pair >= timed / 3.0 && section <= 3.0 * timed,
+            "{class}: waiters' own sections say {section:.0}-{pair:.0} ns, the timed holds \
+             {timed:.0} ns"
         );
     }
 }
