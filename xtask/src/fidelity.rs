@@ -74,6 +74,18 @@ pub struct FidelityArgs {
     #[arg(long)]
     pub no_in_sample: bool,
 
+    /// Validate with this calibration instead of one made on the `train` recordings: the
+    /// shipped one, for example (`vmtrace/assets/calibration.json`). A recording whose file
+    /// name is among the calibration's traces counts as in sample, every other one as held out.
+    #[arg(long, value_name = "FILE")]
+    pub costs: Option<PathBuf>,
+
+    /// Write the held-out free-running validation, per metric over every held-out recording
+    /// and seed, to FILE in the format `vmtrace` reads for its built-in calibration
+    /// (`vmtrace/assets/calibration-check.json`, with `--costs vmtrace/assets/calibration.json`).
+    #[arg(long, value_name = "FILE")]
+    pub write_check: Option<PathBuf>,
+
     /// Use this vmtrace binary instead of building one (release) from the workspace.
     #[arg(long, value_name = "PATH")]
     pub vmtrace: Option<PathBuf>,
@@ -294,18 +306,30 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
             .filter(|r| r.split == Split::Train)
             .map(|r| corpus.join(&r.file))
             .collect();
-        banner(&format!(
-            "calibrate the simulation on the {} train recordings",
-            train.len()
-        ));
-        let cal = out.join("calibration.json");
-        cmd::run(
-            Command::new(&vmtrace)
-                .arg("calibrate")
-                .args(&train)
-                .arg("-o")
-                .arg(&cal),
-        )?;
+        let cal = match &args.costs {
+            Some(given) => {
+                banner(&format!(
+                    "validate with the calibration {}",
+                    given.display()
+                ));
+                given.clone()
+            }
+            None => {
+                banner(&format!(
+                    "calibrate the simulation on the {} train recordings",
+                    train.len()
+                ));
+                let cal = out.join("calibration.json");
+                cmd::run(
+                    Command::new(&vmtrace)
+                        .arg("calibrate")
+                        .args(&train)
+                        .arg("-o")
+                        .arg(&cal),
+                )?;
+                cal
+            }
+        };
         for r in &manifest.recordings {
             banner(&format!(
                 "[{}] {}: free-running validation, seeds 1 to {}",
@@ -362,6 +386,30 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
             );
             in_sample.insert(r.name.clone(), vec![checks]);
         }
+    }
+
+    if let (Some(path), Some(cal)) = (&args.write_check, &calibration_file) {
+        let fitted = calibration_traces(cal)?;
+        let held_out: Vec<&Recorded> = manifest
+            .recordings
+            .iter()
+            .filter(|r| !fitted.contains(&r.file))
+            .collect();
+        if held_out.is_empty() {
+            bail!(
+                "every recording of the corpus is among the calibration's traces: nothing is held out"
+            );
+        }
+        let (_, sha) = digest(cal)?;
+        let check = held_out_check(&held_out, &seeded, &manifest, sha, git_commit(), args.seeds);
+        fs::write(path, serde_json::to_string_pretty(&check)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!(
+            "held-out check of {} on {} recordings written to {}",
+            cal.display(),
+            held_out.len(),
+            path.display()
+        );
     }
 
     let validation: BTreeMap<String, Vec<Check>> = seeded
@@ -694,6 +742,9 @@ pub struct Check {
     pub observed: f64,
     pub predicted: f64,
     pub ratio: Option<f64>,
+    /// The target as `vmtrace` writes it (`{"kind", "value"}`); absent in runs from before.
+    #[serde(default)]
+    pub target: Value,
     pub within: bool,
 }
 
@@ -714,6 +765,7 @@ fn parse_validation(doc: &Value) -> Result<Vec<Check>> {
                 observed: v["observed"].as_f64().context("no observed")?,
                 predicted: v["predicted"].as_f64().context("no predicted")?,
                 ratio: v["ratio"].as_f64(),
+                target: v["target"].clone(),
                 within: v["within"].as_bool().context("no within")?,
             })
         })
@@ -884,6 +936,116 @@ fn spread(manifest: &Manifest, seeded: &BTreeMap<String, Vec<Vec<Check>>>) -> Se
     }
 }
 
+/// File names of the traces a calibration was fitted on.
+fn calibration_traces(cal: &Path) -> Result<Vec<String>> {
+    let doc: Value = serde_json::from_str(
+        &fs::read_to_string(cal).with_context(|| format!("cannot read {}", cal.display()))?,
+    )
+    .with_context(|| format!("{}: not JSON", cal.display()))?;
+    doc["traces"]
+        .as_array()
+        .with_context(|| format!("{}: no `traces` in the calibration", cal.display()))?
+        .iter()
+        .map(|t| {
+            let path = t["path"]
+                .as_str()
+                .context("a calibration trace without a path")?;
+            Ok(Path::new(path)
+                .file_name()
+                .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
+/// One metric of the held-out check: how many of its figures, over the held-out recordings
+/// and the seeds, were within target, and their mean error (|ln ratio|, or points for the
+/// pool-hit share).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricCheck {
+    pub metric: String,
+    pub target: Value,
+    pub within: usize,
+    pub checked: usize,
+    pub mean_error: Option<f64>,
+}
+
+/// What `vmtrace` prints beside the predictions of its built-in calibration; the format is
+/// `vmtrace::replay::checked::CalibrationCheck`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldOutCheck {
+    pub format: &'static str,
+    pub version: u32,
+    pub calibration_sha256: String,
+    pub checked_at: String,
+    pub corpus: CorpusFacts,
+    pub recordings: Vec<String>,
+    pub seeds: u32,
+    pub metrics: Vec<MetricCheck>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CorpusFacts {
+    pub commit: String,
+    pub kernel: String,
+    pub cpus: usize,
+    pub duration: String,
+}
+
+fn held_out_check(
+    held_out: &[&Recorded],
+    seeded: &BTreeMap<String, Vec<Vec<Check>>>,
+    manifest: &Manifest,
+    calibration_sha256: String,
+    checked_at: String,
+    seeds: u32,
+) -> HeldOutCheck {
+    let mut metrics: BTreeMap<String, (MetricCheck, f64, usize)> = BTreeMap::new();
+    for r in held_out {
+        for c in seeded.get(&r.name).into_iter().flatten().flatten() {
+            let m = metrics.entry(c.metric.clone()).or_insert_with(|| {
+                (
+                    MetricCheck {
+                        metric: c.metric.clone(),
+                        target: c.target.clone(),
+                        within: 0,
+                        checked: 0,
+                        mean_error: None,
+                    },
+                    0.0,
+                    0,
+                )
+            });
+            m.0.checked += 1;
+            m.0.within += usize::from(c.within);
+            if let Some(e) = error_of(c) {
+                m.1 += e;
+                m.2 += 1;
+            }
+        }
+    }
+    HeldOutCheck {
+        format: "vmtrace-calibration-check",
+        version: 1,
+        calibration_sha256,
+        checked_at,
+        corpus: CorpusFacts {
+            commit: manifest.commit.clone(),
+            kernel: manifest.kernel.clone(),
+            cpus: manifest.cpus,
+            duration: manifest.duration.clone(),
+        },
+        recordings: held_out.iter().map(|r| r.name.clone()).collect(),
+        seeds,
+        metrics: metrics
+            .into_values()
+            .map(|(mut m, sum, n)| {
+                m.mean_error = (n > 0).then(|| sum / n as f64);
+                m
+            })
+            .collect(),
+    }
+}
+
 fn pct(a: &Agreement) -> String {
     a.percent()
         .map_or_else(|| "-".into(), |p| format!("{p:.2}"))
@@ -936,8 +1098,9 @@ fn render(f: &Fidelity) -> String {
     if !f.validation.is_empty() {
         let _ = writeln!(
             s,
-            "\nfree-running validation (variant nodes, calibrated on train): predicted / observed \
-             (pool_hit_share: observed -> predicted %), x = outside its target"
+            "\nfree-running validation (variant nodes, calibration {}): predicted / observed \
+             (pool_hit_share: observed -> predicted %), x = outside its target",
+            f.calibration.as_deref().unwrap_or("-")
         );
         let names: Vec<&Row> = f.recordings.iter().collect();
         let _ = write!(s, "{:<26}", "metric");
@@ -1352,8 +1515,42 @@ mod tests {
             observed,
             predicted,
             ratio: (observed > 0.0).then(|| predicted / observed),
+            target: Value::Null,
             within,
         }
+    }
+
+    /// The held-out check counts every held-out recording's figures over every seed, leaves
+    /// the in-sample recordings out, and a figure pushed outside its target lowers the count
+    /// and raises the error.
+    #[test]
+    fn the_held_out_check_counts_held_out_figures_only() {
+        let manifest = manifest_of(&[("a", Split::Test), ("b", Split::Test), ("t", Split::Train)]);
+        let seeded = |b_purges: f64| -> BTreeMap<String, Vec<Vec<Check>>> {
+            [
+                ("a", 100.0, vec![true, true]),
+                ("b", b_purges, vec![b_purges <= 110.0; 2]),
+                ("t", 500.0, vec![false, false]),
+            ]
+            .into_iter()
+            .map(|(name, predicted, within)| {
+                let runs = within
+                    .into_iter()
+                    .map(|w| vec![check("purges", 100.0, predicted, w)])
+                    .collect();
+                (name.to_string(), runs)
+            })
+            .collect()
+        };
+        let held: Vec<&Recorded> = manifest.recordings[..2].iter().collect();
+        let c = held_out_check(&held, &seeded(105.0), &manifest, "s".into(), "c".into(), 2);
+        assert_eq!(c.recordings, ["a", "b"]);
+        let m = &c.metrics[0];
+        assert_eq!((m.within, m.checked), (4, 4));
+        let perturbed = held_out_check(&held, &seeded(200.0), &manifest, "s".into(), "c".into(), 2);
+        let p = &perturbed.metrics[0];
+        assert_eq!((p.within, p.checked), (2, 4));
+        assert!(p.mean_error.unwrap() > m.mean_error.unwrap());
     }
 
     fn manifest_of(recordings: &[(&str, Split)]) -> Manifest {

@@ -232,6 +232,9 @@ fn plan(metadata: &Metadata) -> Vec<Step> {
                 // The in-sample ceiling's path runs too, unjudged.
                 no_in_sample: false,
                 vmtrace: Some(crate::run::build_release()?),
+                costs: None,
+                // The held-out check's path runs too (on the `test` split), unjudged.
+                write_check: Some(out.join("calibration-check.json")),
                 out: Some(out),
             })
         }));

@@ -352,10 +352,17 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
             what_ifs.push(w);
         }
     }
+    let check = super::checked::CalibrationCheck::for_costs(
+        &args.calibration,
+        !args.costs.is_empty() || args.fit_costs,
+    );
     let mut out = std::io::stdout().lock();
     if args.json {
         if compare {
             let mut doc = serde_json::json!({ "fidelity": reports, "what_if": what_ifs });
+            if let Some(c) = &check {
+                doc["calibration_check"] = serde_json::to_value(c)?;
+            }
             if let Some(fit) = &fit {
                 doc["cost_fit"] = serde_json::to_value(fit)?;
             }
@@ -383,6 +390,10 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ExitCode> {
             for w in what_ifs.iter().filter(|w| !w.validation.is_empty()) {
                 writeln!(out)?;
                 out.write_all(super::validate::render(w).as_bytes())?;
+            }
+            if let Some(c) = &check {
+                writeln!(out)?;
+                out.write_all(c.render("").as_bytes())?;
             }
         }
     }

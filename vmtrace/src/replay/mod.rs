@@ -19,6 +19,7 @@
 //! that put observed frees into the pools of every node.
 
 pub mod charts;
+pub mod checked;
 pub mod cli;
 pub mod free_run;
 pub mod infer;

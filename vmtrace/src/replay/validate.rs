@@ -7,14 +7,14 @@
 //! `npurged` within ±10 %, pool-hit share within 3 points, footprint within ±5 %, each lock
 //! class's total wait within a factor of 1.5.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::free_run::WhatIf;
 use super::Report;
 use crate::trace::LockClass;
 
 /// How close a prediction must come.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "value")]
 pub enum Target {
     /// |predicted / observed − 1| at most this.
@@ -43,7 +43,7 @@ impl Target {
         }
     }
 
-    fn label(self) -> String {
+    pub fn label(self) -> String {
         match self {
             Target::Relative(t) => format!("±{:.0} %", 100.0 * t),
             Target::Points(p) => format!("±{p:.0} pt"),

@@ -151,6 +151,9 @@ pub fn run(args: &WhatifArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render_table(&rows));
     }
+    if let Some(c) = crate::replay::checked::CalibrationCheck::for_costs(&args.calibration, false) {
+        eprint!("{}", c.render("vmtrace whatif: "));
+    }
     let allocs: u64 = rows.iter().map(|r| r.allocs * u64::from(r.seeds)).sum();
     eprintln!(
         "vmtrace whatif: {} rows, {} allocations replayed in {:.1} s ({:.2} M allocations/s on {} worker threads)",
