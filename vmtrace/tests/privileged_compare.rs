@@ -138,10 +138,13 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
     // drain latency p90 went unflagged 3 times (twice when the one-thread side's own p90 came
     // out at 271 and 484 µs, 10-190 µs otherwise). So each difference is asserted against both
     // one-thread recordings: flagged the expected way against at least one, and never the other
-    // way; the drain in p50 or p90. The allocation rate is only asserted not to be flagged
+    // way. The allocation rate and the drain latency are only asserted not to be flagged
     // down: two threads, the kworkers that free their maps and the recorder's reader saturate
     // both CPUs, so the scheduler decides the gain (1.04-1.74x in the last runs, unflagged
     // against both recordings in two of three), while purges rose 1.47-2.40x in the same runs.
+    // The drain latency follows the same saturation: with a build running beside the test
+    // the one-thread recordings' own p50 came to 6-7 us and p90 to 178-306 us, the two-thread
+    // side's 1.14-1.38x and 1.67-2.87x of them, all within the 1.6x floor or its interval.
     let diff = compare(&one, &two);
     let again_diff = compare(&again, &two);
     let sides = [flagged(&diff), flagged(&again_diff)];
@@ -154,18 +157,19 @@ fn same_workload_is_quiet_and_another_thread_count_is_flagged() {
             .map(|&(_, r)| r)
             .collect()
     };
-    let allocations = ratios(&["events: allocations"]);
-    assert!(
-        allocations.iter().all(|&r| r > 1.0),
-        "two threads allocated less: B/A {allocations:?}"
-    );
+    for metrics in [
+        &["events: allocations"][..],
+        &["purges: drain latency p50", "purges: drain latency p90"][..],
+    ] {
+        let r = ratios(metrics);
+        assert!(
+            r.iter().all(|&r| r > 1.0),
+            "{metrics:?} flagged down with two threads: B/A {r:?}"
+        );
+    }
     for (metrics, up) in [
         (&["events: purges"][..], true),
         (&["purges: npurged mean"][..], false),
-        (
-            &["purges: drain latency p50", "purges: drain latency p90"][..],
-            true,
-        ),
     ] {
         let r = ratios(metrics);
         assert!(
