@@ -142,6 +142,20 @@ fn page_tables_are_validated_on_what_the_trace_added() {
     assert!(seeded > 0.0 && all > seeded, "{all} {seeded}");
     assert_eq!(pte["predicted"].as_f64(), Some(all - seeded));
     assert!(pte["observed"].as_f64().unwrap() < all, "{pte}");
+    // The built-in calibration's held-out check comes with the predictions, one entry per
+    // validation metric it checked.
+    let check = &doc["calibration_check"];
+    let metrics: Vec<&str> = check["metrics"]
+        .as_array()
+        .expect("a calibration_check with metrics")
+        .iter()
+        .map(|m| m["metric"].as_str().unwrap())
+        .collect();
+    assert!(metrics.contains(&"pte_tables"), "{check}");
+    assert!(
+        !check["recordings"].as_array().unwrap().is_empty(),
+        "{check}"
+    );
 }
 
 /// The README's screen shows the bundled trace's placement after warm-up, strict and explained,

@@ -181,6 +181,36 @@ fn report_writes_charts_and_an_index() {
     let index = std::fs::read_to_string(report.join("index.html")).unwrap();
     assert!(index.contains("page_tables_vs_threads.svg"));
     assert!(index.contains("nodes"));
+    // The built-in calibration's held-out check is shown beside the predictions, on the
+    // terminal and in the report.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for text in [&*stderr, &index] {
+        assert!(
+            text.contains("recordings it was not fitted on") && text.contains("lock waits"),
+            "{text}"
+        );
+    }
+}
+
+/// Costs that were never checked get no check printed beside them.
+#[test]
+fn no_check_is_printed_for_unchecked_costs() {
+    let mut args = vec![
+        "whatif",
+        "--threads",
+        "1",
+        "--cpus",
+        "2",
+        "--variant",
+        "nodes",
+        "--costs",
+        "none",
+    ];
+    args.extend(WORKLOAD);
+    let out = vmtrace(&args);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("not fitted on"), "{stderr}");
 }
 
 #[test]

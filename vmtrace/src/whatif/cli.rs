@@ -554,6 +554,9 @@ fn write_report(
             .unwrap_or_default()
     );
     let _ = writeln!(html, "<pre>{}</pre>", escape_html(&render_table(rows)));
+    if let Some(c) = crate::replay::checked::CalibrationCheck::for_costs(&args.calibration, false) {
+        let _ = writeln!(html, "<pre>{}</pre>", escape_html(&c.render("")));
+    }
     for (stem, chart) in &charts {
         let _ = writeln!(
             html,
