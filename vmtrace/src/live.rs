@@ -83,10 +83,20 @@ pub fn pull_one(
     stacks: &mut HashMap<i64, Vec<String>>,
 ) -> Option<Option<Record>> {
     let mut head = None;
-    let (taken, _) = drain_at_most(rings.ring(i), probes, classifier, stacks, 1, |r| {
+    let (taken, _) = drain_ring(rings.ring(i), probes, classifier, stacks, 1, |r| {
         head = Some(r)
     });
     (taken > 0).then_some(head)
+}
+
+/// Tells the classifier and the probe the vmap lock addresses known without a wait. Once per
+/// drain, not per record: [`pull_one`] runs for every record.
+pub fn know_static_locks(probes: &LoadedProbes, classifier: &mut Classifier) {
+    for &(lock, class) in probes.static_locks() {
+        if classifier.know(lock, class) {
+            probes.mark_known_lock(lock, class);
+        }
+    }
 }
 
 /// The kernel symbol at `addr`, or the address when there is no symbol table.
@@ -108,15 +118,23 @@ pub fn drain_at_most(
     classifier: &mut Classifier,
     stacks: &mut HashMap<i64, Vec<String>>,
     max: usize,
+    push: impl FnMut(Record),
+) -> (usize, u64) {
+    know_static_locks(probes, classifier);
+    drain_ring(ring, probes, classifier, stacks, max, push)
+}
+
+/// [`drain_at_most`] without the static locks, which the caller has made known.
+fn drain_ring(
+    ring: &mut RingBuf<MapData>,
+    probes: &LoadedProbes,
+    classifier: &mut Classifier,
+    stacks: &mut HashMap<i64, Vec<String>>,
+    max: usize,
     mut push: impl FnMut(Record),
 ) -> (usize, u64) {
     let mut taken = 0;
     let mut undecodable = 0;
-    for &(lock, class) in probes.static_locks() {
-        if classifier.know(lock, class) {
-            probes.mark_known_lock(lock, class);
-        }
-    }
     while taken < max {
         let Some(item) = ring.next() else {
             break;

@@ -244,7 +244,7 @@ impl Reorder {
 }
 
 /// At most this many events wait in the reorder buffer; the rest wait in the ring buffer. At
-/// about 160 bytes an event this bounds the buffer near 10 MiB, and it is 25 times what the
+/// about 110 bytes an event this bounds the buffer near 7 MiB, and it is 25 times what the
 /// 50 ms window holds at the fastest rate `stress fix-size` reaches here (about 50,000 events
 /// per second). Without it a reader that stalled (a slow disk, a stopped process) moved the
 /// whole ring into memory at once: a 3 s stall of `serve --record` under stress grew its heap
@@ -315,6 +315,7 @@ impl Pipeline {
             }
             return None;
         }
+        crate::live::know_static_locks(probes, classifier);
         reorder.merge_from(heads, rings.len(), MAX_HELD, |i| {
             let pulled = crate::live::pull_one(rings, i, probes, classifier, stacks)?;
             let Some(rec) = pulled else {

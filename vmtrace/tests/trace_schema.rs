@@ -404,7 +404,7 @@ fn sample_records() -> Vec<Record> {
             stack: vec![],
             probe_ns: None,
         })),
-        Record::Work(Work {
+        Record::Work(Box::new(Work {
             ctx: Ctx {
                 comm: "kworker/0:1".into(),
                 ..ctx(1_000_000_700)
@@ -417,8 +417,8 @@ fn sample_records() -> Vec<Record> {
             start_cpu: 0,
             nr_purged: None,
             flush_ns: Some(1_000_000_300),
-        }),
-        Record::Work(Work {
+        })),
+        Record::Work(Box::new(Work {
             ctx: ctx(1_000_000_710),
             function: "purge_vmap_node".into(),
             function_addr: KAddr(0xffffffff816089d0),
@@ -428,7 +428,7 @@ fn sample_records() -> Vec<Record> {
             start_cpu: 1,
             nr_purged: Some(12),
             flush_ns: None,
-        }),
+        })),
         Record::WorkStart(WorkStart {
             ctx: Ctx {
                 comm: "kworker/0:1".into(),

@@ -589,7 +589,7 @@ pub fn import<R: BufRead, W: std::io::Write>(
                     return Ok(());
                 };
                 written_items += 1;
-                Record::Work(Work {
+                Record::Work(Box::new(Work {
                     ctx,
                     function: DRAIN_FUNCTION.into(),
                     function_addr: KAddr(0),
@@ -599,7 +599,7 @@ pub fn import<R: BufRead, W: std::io::Write>(
                     start_cpu: p.cpu,
                     nr_purged: None,
                     flush_ns: None,
-                })
+                }))
             }
         };
         put(&mut w, r)

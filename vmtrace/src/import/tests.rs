@@ -126,7 +126,7 @@ fn drain_work_items_become_work_records_and_other_work_is_skipped() {
     let works: Vec<&Work> = records
         .iter()
         .filter_map(|r| match r {
-            Record::Work(w) => Some(w),
+            Record::Work(w) => Some(&**w),
             _ => None,
         })
         .collect();

@@ -76,7 +76,7 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
             stack: Vec::new(),
             probe_ns: Some(f[c::PROBE_NS]),
         })),
-        kind::WORK => Record::Work(Work {
+        kind::WORK => Record::Work(Box::new(Work {
             ctx,
             function: String::new(),
             function_addr: KAddr(f[w::FUNCTION]),
@@ -86,7 +86,7 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
             start_cpu: f[w::START_CPU] as u32,
             nr_purged: (f[w::NR_PURGED] != u64::MAX).then_some(f[w::NR_PURGED]),
             flush_ns: (f[w::FLUSH_NS] != u64::MAX).then_some(f[w::FLUSH_NS]),
-        }),
+        })),
         kind::WORK_START => Record::WorkStart(WorkStart {
             ctx,
             function: String::new(),

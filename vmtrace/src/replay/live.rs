@@ -102,11 +102,11 @@ impl<'o> LiveReplay<'o> {
     pub(crate) fn push_at(&mut self, line: usize, rec: Record) -> Result<(), ReplayError> {
         self.next_line = line + 1;
         self.fed += 1;
-        if self.explained.is_some() {
-            self.ahead.push(line, Ok(rec.clone()));
-        }
         self.causal.line = line;
-        self.causal.event(rec, &Blind)?;
+        self.causal.event(&rec, &Blind)?;
+        if self.explained.is_some() {
+            self.ahead.push(line, Ok(rec));
+        }
         self.release(false)
     }
 
@@ -117,7 +117,7 @@ impl<'o> LiveReplay<'o> {
         };
         while let Some(rec) = self.ahead.pop_ready(at_end) {
             r.line = self.ahead.line();
-            r.event(rec?, &self.ahead)?;
+            r.event(&rec?, &self.ahead)?;
         }
         Ok(())
     }

@@ -31,7 +31,9 @@ mod testkit;
 pub mod tracked;
 pub mod validate;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap;
 use std::io::BufRead;
 
 use serde::Serialize;
@@ -613,10 +615,10 @@ pub fn replay<R: BufRead>(input: R, opts: &ReplayOptions) -> Result<Report, Repl
         let rec = rec?;
         if let Some(r) = explained.as_mut() {
             r.line = ahead.line();
-            r.event(rec.clone(), &*ahead)?;
+            r.event(&rec, &*ahead)?;
         }
         causal.line = ahead.line();
-        causal.event(rec, &lookahead::Blind)?;
+        causal.event(&rec, &lookahead::Blind)?;
     }
     causal.tally.lines = ahead.lines_read();
     let strict = causal.strict();
@@ -652,7 +654,7 @@ struct Replayer<'o> {
     /// Areas whose last record before the snapshot is a free, with its time, and the last
     /// purge event before the snapshot: checked against the seeded lazy areas at the first
     /// event after it ([`Replayer::purged_before_snapshot`]), then dropped.
-    pre_frees: HashMap<u64, u64>,
+    pre_frees: FxHashMap<u64, u64>,
     pre_purge: Option<u64>,
     pre_checked: bool,
     /// A failed attempt was seen: the next purge is the full one of the failure path, and the
@@ -667,7 +669,7 @@ struct Replayer<'o> {
     last_purge_ts: u64,
     drain_work: DrainWork,
     /// Areas the model does not manage (other windows, conflicting placements): start → size.
-    outside: HashMap<u64, u64>,
+    outside: FxHashMap<u64, u64>,
     seed: SeedInfo,
     tally: EventTally,
     /// Reads nothing ahead (it is given [`lookahead::Blind`]) and uses an allocation's own
@@ -839,7 +841,7 @@ impl<'o> Replayer<'o> {
             snapshot_start: 0,
             snapshot_end: 0,
             last_ts: 0,
-            pre_frees: HashMap::new(),
+            pre_frees: FxHashMap::default(),
             pre_purge: None,
             pre_checked: false,
             pending_failure: None,
@@ -847,7 +849,7 @@ impl<'o> Replayer<'o> {
             free_log: VecDeque::new(),
             last_purge_ts: 0,
             drain_work: DrainWork::default(),
-            outside: HashMap::new(),
+            outside: FxHashMap::default(),
             seed: SeedInfo::default(),
             tally: EventTally::default(),
             causal: opts.causal,
@@ -1018,13 +1020,13 @@ impl<'o> Replayer<'o> {
         self.score.seed_slots = self.score.pred_slots.counts();
     }
 
-    fn event(&mut self, rec: Record, ahead: &dyn DrainLookup) -> Result<(), ReplayError> {
+    fn event(&mut self, rec: &Record, ahead: &dyn DrainLookup) -> Result<(), ReplayError> {
         let Some(ts) = rec.ts_ns() else {
             return Ok(());
         };
         if ts < self.snapshot_start {
             self.seed.events_before_snapshot += 1;
-            match &rec {
+            match rec {
                 Record::Free(f) => {
                     self.pre_frees.insert(f.va_start.0, ts);
                 }
@@ -1057,18 +1059,18 @@ impl<'o> Replayer<'o> {
         }
         match rec {
             Record::Alloc(a) => {
-                self.alloc(&a, in_window, ahead)?;
+                self.alloc(a, in_window, ahead)?;
                 self.observe(ts);
                 Ok(())
             }
             Record::Free(f) => {
-                self.free(&f, in_window, ahead)?;
+                self.free(f, in_window, ahead)?;
                 self.score.obs_lazy = f.nr_lazy;
                 self.score.obs_lazy_max = Some(f.nr_lazy_max);
                 self.observe(ts);
                 Ok(())
             }
-            Record::Purge(p) => self.purge(&p, ahead),
+            Record::Purge(p) => self.purge(p, ahead),
             Record::WorkStart(w) if self.causal && w.function == lookahead::DRAIN_FUNCTION => {
                 self.work_start_seen(w.ctx.pid, w.ctx.ts_ns);
                 self.rules.node_counts.item_started();
@@ -1077,7 +1079,7 @@ impl<'o> Replayer<'o> {
             }
             Record::Work(w) if self.opts.rule_on(infer::Rule::NodeCounts) => {
                 let nodes = self.model.params().layout.nr_nodes();
-                match self.rules.node_counts.observe(&w, nodes) {
+                match self.rules.node_counts.observe(w, nodes) {
                     Some(infer::node_counts::Seen::Decay(node)) => self.node_decayed(node),
                     Some(infer::node_counts::Seen::Purged(node, count)) => {
                         self.node_purged(node, count);

@@ -15,7 +15,9 @@
 //! trace state beside it in step. The detach-race moves between a purge's batch and the lazy
 //! trees (`swap_purged`, `move_batch_tail`) are here too, as they must take hidden ranges back.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::ops::Deref;
 
 use crate::model::{
@@ -47,8 +49,8 @@ pub struct TrackedModel {
     /// but space it holds for good (pool entries from before the trace: pools of one to three
     /// entries never decay before v6.16). Purges keep those hidden; the kernel using them, or a
     /// full decay, still gives them back.
-    released_by_purge: HashMap<(u64, u64), u32>,
-    sticky: HashSet<(u64, u64)>,
+    released_by_purge: FxHashMap<(u64, u64), u32>,
+    sticky: FxHashSet<(u64, u64)>,
     /// Nodes purged whose pages are still in `vmap_lazy_nr`, with those pages
     /// ([`TrackedModel::defer_subtraction`]).
     unsubtracted: Vec<(u32, u64)>,
@@ -74,8 +76,8 @@ impl TrackedModel {
         Self {
             model,
             hidden: BTreeMap::new(),
-            released_by_purge: HashMap::new(),
-            sticky: HashSet::new(),
+            released_by_purge: FxHashMap::default(),
+            sticky: FxHashSet::default(),
             unsubtracted: Vec::new(),
             defer_sub: false,
             untracked_lazy: 0,

@@ -1302,7 +1302,7 @@ mod tests {
 
     /// A drain item's record, written at its end.
     fn work(end: u64, start: u64) -> Record {
-        Record::Work(Work {
+        Record::Work(Box::new(Work {
             ctx: ctx(end, 0),
             function: DRAIN_FUNCTION.into(),
             function_addr: KAddr(1),
@@ -1312,7 +1312,7 @@ mod tests {
             start_cpu: 0,
             nr_purged: None,
             flush_ns: None,
-        })
+        }))
     }
 
     /// `traces` calibrated from the default costs.

@@ -359,6 +359,7 @@ async fn live(
     let mut slow_tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_callers = Instant::now();
     let mut lost_total = 0u64;
+    let mut last_batch = 0usize;
     loop {
         tokio::select! {
             r = rings.readable() => match r {
@@ -385,8 +386,11 @@ async fn live(
                 }
                 drain(&mut rings, &probes, &mut reorder, &mut classifier, &mut stacks);
                 let watermark = system::boottime_ns().saturating_sub(REORDER_WINDOW_NS);
-                let mut records = Vec::new();
+                // Sized from the last batch: growing it record by record moved every record
+                // again at each doubling.
+                let mut records = Vec::with_capacity(last_batch + last_batch / 4);
                 reorder.pop_ready(watermark, |r| records.push(r));
+                last_batch = records.len();
                 feed.records(&records);
                 let b = Batch { records, now_ns: watermark, lost_total };
                 if tx.send(Event::Data(b)).is_err() {
@@ -438,6 +442,7 @@ fn drain(
     stacks: &mut HashMap<i64, Vec<String>>,
 ) {
     let mut heads = Vec::new();
+    crate::live::know_static_locks(probes, classifier);
     reorder.merge_from(&mut heads, rings.len(), usize::MAX, |i| {
         crate::live::pull_one(rings, i, probes, classifier, stacks)
     });

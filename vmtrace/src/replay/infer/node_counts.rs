@@ -21,7 +21,7 @@
 //! The purge's `npurged` is scored against a prediction that does not use the counts, which
 //! add up to it: what each node held lazy when its decay's record came.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 
 use crate::replay::Replayer;
 use crate::trace::Work;
@@ -64,7 +64,7 @@ pub(in crate::replay) struct NodeCounts {
     positional: bool,
     /// Areas whose node the replay guessed: the snapshot's, whose allocating CPU it does not
     /// give. The kernel's per-node counts move them first.
-    guessed: HashSet<u64>,
+    guessed: FxHashSet<u64>,
     /// Guessed areas the counts moved to another node.
     pub(in crate::replay) retagged: u64,
 }
