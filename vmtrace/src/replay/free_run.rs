@@ -9,7 +9,9 @@
 //! waits, the throughput and their time series. `docs/model.md` ("Free-running replay",
 //! "Timing and contention model") describes both.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 use std::io::BufRead;
 
 use serde::Serialize;
@@ -230,7 +232,7 @@ struct PoolBound {
     /// Per address: the node that last allocated it and its size. `NOT_POOLED` marks an
     /// allocation that could not use the pools (so its area is never pooled), `SEEDED` an area
     /// of the start snapshot.
-    last: HashMap<u64, (u32, u64)>,
+    last: FxHashMap<u64, (u32, u64)>,
     possible: u64,
     /// Allocations observed: the bound's denominator (free-running's own count leaves out
     /// those its model failed).
@@ -423,7 +425,7 @@ impl FreeRunner {
             des,
             locks,
             latency,
-            map: HashMap::new(),
+            map: FxHashMap::default(),
             purge_at: None,
             first_ts: None,
             last_ts: 0,
@@ -761,7 +763,7 @@ struct Run {
     pending: [Vec<u32>; 3],
     latency: u64,
     /// Observed address → the model's address for the same area.
-    map: HashMap<u64, u64>,
+    map: FxHashMap<u64, u64>,
     /// When the queued drain work runs (trace time: the model's decisions follow the trace).
     purge_at: Option<u64>,
     first_ts: Option<u64>,

@@ -32,7 +32,9 @@
 //! is measured so: an allocation's tracepoint comes after its busy-tree insert, well after it
 //! let go of the free-area or pool lock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -68,11 +70,11 @@ enum Follower {
 #[derive(Clone, Debug, Default)]
 pub struct Pairs {
     /// Per task: the class of its last wait and when it got the lock.
-    open: HashMap<u32, (LockClass, u64)>,
+    open: FxHashMap<u32, (LockClass, u64)>,
     /// Per class, from a wait's end to the event that ended the waiter's section.
     pub deltas: BTreeMap<LockClass, Vec<u64>>,
     /// Per CPU, the time of its last `free`.
-    last_free: HashMap<u32, u64>,
+    last_free: FxHashMap<u32, u64>,
     /// Lazy-lock waits: from another CPU's last `free` to the wait's end, within [`WINDOW_NS`].
     pub since_release: Vec<u64>,
 }

@@ -21,7 +21,9 @@
 //! assumptions and limits.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap;
 
 use serde::Serialize;
 
@@ -382,7 +384,7 @@ pub struct Des {
     heap: BinaryHeap<Reverse<(u64, usize)>>,
     actors: Vec<Actor>,
     /// Trace CPU id → actor index.
-    cpus: HashMap<u32, usize>,
+    cpus: FxHashMap<u32, usize>,
     /// CPUs the trace may still introduce: until all of them appeared, an unseen CPU can start
     /// an operation at the last timestamp read.
     expected_cpus: u32,
@@ -391,7 +393,7 @@ pub struct Des {
     worker_starts: VecDeque<u64>,
     worker_latency: u64,
     locks: Vec<Lock>,
-    lock_ids: HashMap<(LockClass, u32), LockRef>,
+    lock_ids: FxHashMap<(LockClass, u32), LockRef>,
     classes: [ClassAcc; 7],
     window_ns: u64,
     /// Last trace timestamp read: no later operation has an earlier one.
@@ -427,13 +429,13 @@ impl Des {
             now: 0,
             heap: BinaryHeap::new(),
             actors,
-            cpus: HashMap::new(),
+            cpus: FxHashMap::default(),
             expected_cpus: expected_cpus.max(1),
             worker: 0,
             worker_starts: VecDeque::new(),
             worker_latency: worker_latency_ns,
             locks: Vec::new(),
-            lock_ids: HashMap::new(),
+            lock_ids: FxHashMap::default(),
             classes: Default::default(),
             window_ns: window_ns.max(1),
             read_ts: 0,

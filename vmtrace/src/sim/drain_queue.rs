@@ -23,7 +23,9 @@
 //! The workload's frees are inputs of free-running replay (it replays them at their recorded
 //! times), so reading the frees after a crossing uses no observed purge or drain.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -155,7 +157,7 @@ impl DrainQueue {
 #[derive(Clone, Debug, Default)]
 pub struct QueueScan {
     /// Live areas and when they were allocated.
-    live: HashMap<u64, u64>,
+    live: FxHashMap<u64, u64>,
     /// Unbound-worker frees of areas whose allocation was seen: `(freed, allocated)`.
     frees: VecDeque<(u64, u64)>,
     /// Drains whose window has not yet passed: `(crossing, latency)`.
@@ -247,7 +249,7 @@ pub struct QueueAhead {
     queue: DrainQueue,
     held: VecDeque<(Record, usize)>,
     /// Live areas (trace addresses) of the records handed out, and when they were allocated.
-    live: HashMap<u64, u64>,
+    live: FxHashMap<u64, u64>,
     last_ts: u64,
 }
 
@@ -256,7 +258,7 @@ impl QueueAhead {
         Self {
             queue,
             held: VecDeque::new(),
-            live: HashMap::new(),
+            live: FxHashMap::default(),
             last_ts: 0,
         }
     }

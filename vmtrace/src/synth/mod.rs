@@ -13,7 +13,9 @@ pub mod cli;
 pub mod workload;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap;
 use std::io::Write;
 
 use crate::host::system::SystemFacts;
@@ -122,7 +124,7 @@ struct Worker {
     at: usize,
     script: Option<Script>,
     /// Pointer slots: slot → (address, pages mapped). Vmap-block mappings hold their block.
-    slots: HashMap<u32, Held>,
+    slots: FxHashMap<u32, Held>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -318,8 +320,8 @@ struct Generator<'p> {
     seq: u64,
     drain_pending: bool,
     /// vmap blocks by start address, and each CPU's current block.
-    blocks: HashMap<u64, Block>,
-    cur_block: HashMap<u32, u64>,
+    blocks: FxHashMap<u64, Block>,
+    cur_block: FxHashMap<u32, u64>,
     last_ts: u64,
     summary: SynthSummary,
 }
@@ -351,7 +353,7 @@ impl<'p> Generator<'p> {
                 order,
                 at: 0,
                 script: None,
-                slots: HashMap::new(),
+                slots: FxHashMap::default(),
             });
         }
         let mut g = Self {
@@ -371,8 +373,8 @@ impl<'p> Generator<'p> {
             due: BinaryHeap::new(),
             seq: 0,
             drain_pending: false,
-            blocks: HashMap::new(),
-            cur_block: HashMap::new(),
+            blocks: FxHashMap::default(),
+            cur_block: FxHashMap::default(),
             last_ts: T0_NS,
             summary: SynthSummary::default(),
         };
