@@ -22,13 +22,23 @@ const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
 struct Sysctl {
     path: &'static str,
     old: String,
+    /// Held until the value is restored: two tests run side by side would each read the
+    /// other's value as the old one, and the later restore would leave the setting changed.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
+
+static SYSCTL_SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Sysctl {
     fn set(path: &'static str, value: &str) -> Self {
+        let serial = SYSCTL_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let old = std::fs::read_to_string(path).unwrap().trim().to_string();
         std::fs::write(path, value).unwrap();
-        Sysctl { path, old }
+        Sysctl {
+            path,
+            old,
+            _serial: serial,
+        }
     }
 }
 
