@@ -7,13 +7,15 @@
 //! miss by line), so each perturbed event is one the strict figure had right; each perturbation
 //! must then cost the strict figure at least its share: each perturbed event (for a moved purge,
 //! it or a free it now follows) is a strict miss in the perturbed replay. The explained figures are printed
-//! beside, to show how much of each perturbation their rules absorb. Without BPF privileges the
+//! beside, to show how much of each perturbation their rules absorb. A recording the strict
+//! replay is out of step with (under the floors below) is reported and taken once more, and
+//! the test fails when the retake is out of step too. Without BPF privileges the
 //! test skips loudly, unless `VMTRACE_REQUIRE_PRIVILEGED=1`, where it fails.
 
 mod common;
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::privileged;
 use serde_json::Value;
@@ -117,13 +119,20 @@ fn judge(name: &str, base: &Value, path: &Path) -> (Strict, Value) {
     (strict(&r), r)
 }
 
-#[test]
-fn each_perturbation_costs_the_strict_figures_at_least_its_share() {
-    if !privileged() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("random-size.jsonl");
+/// Strict floors under which the replay has lost step with the recording: every perturbation
+/// below assumes the events around it were agreed, which a replay out of step does not give.
+/// Measured here: placement 99.4-99.5 %, `nr_lazy` 99.9 %. A CI run once recorded 93.5 % and
+/// 20.5 %: a descheduled vCPU can emit a free's event after the purge that took its area,
+/// and the strict replay, which has no rule for that (docs/inference.md, "Late joins"),
+/// keeps the area lazy from then on.
+const PLACEMENT_FLOOR: f64 = 98.0;
+const NR_LAZY_FLOOR: f64 = 95.0;
+
+/// Records 8 s of two-thread random-size stress and replays it causally, listing every strict
+/// miss. A recording the strict replay is out of step with is an error that says how far out
+/// and where it set in, so that the caller retakes it once and a CI log keeps the reason.
+fn recording_in_step(dir: &Path, name: &str) -> Result<(PathBuf, Vec<Value>, Value), String> {
+    let trace = dir.join(name);
     common::record_stress(&trace, "random-size --threads 2 --duration 8s");
     let text = std::fs::read_to_string(&trace).unwrap();
     let lines: Vec<Value> = text
@@ -132,6 +141,59 @@ fn each_perturbation_costs_the_strict_figures_at_least_its_share() {
         .collect();
     // Divergences name the file's 1-based line.
     let causal = replay(&trace, &["--causal", "--divergences", ALL_DIVERGENCES]);
+    let s = strict(&causal);
+    let (placement, nr_lazy) = (percent(s.placement), percent(s.nr_lazy));
+    if placement >= PLACEMENT_FLOOR && nr_lazy >= NR_LAZY_FLOOR {
+        return Ok((trace, lines, causal));
+    }
+    let lost: u64 = lines.iter().filter_map(|l| l["lost_total"].as_u64()).sum();
+    let divergences = causal["first_divergences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut first_of_kind: Vec<String> = Vec::new();
+    for d in &divergences {
+        let kind = format!(
+            "{}/{}",
+            d["kind"].as_str().unwrap_or("?"),
+            d["class"].as_str().unwrap_or("?")
+        );
+        if first_of_kind
+            .iter()
+            .filter(|k| k.starts_with(&kind))
+            .count()
+            < 2
+        {
+            first_of_kind.push(format!("{kind} at line {}", d["line"]));
+        }
+        if first_of_kind.len() == 10 {
+            break;
+        }
+    }
+    Err(format!(
+        "{name}: strict placement {placement:.3} % (floor {PLACEMENT_FLOOR}), nr_lazy \
+         {nr_lazy:.3} % (floor {NR_LAZY_FLOOR}) over {} lines, {lost} events lost; \
+         {} strict misses, the first of each kind: {}",
+        lines.len(),
+        divergences.len(),
+        first_of_kind.join(", ")
+    ))
+}
+
+#[test]
+fn each_perturbation_costs_the_strict_figures_at_least_its_share() {
+    if !privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, lines, causal) = match recording_in_step(dir.path(), "random-size.jsonl") {
+        Ok(r) => r,
+        Err(why) => {
+            eprintln!("{why}; recording once more");
+            recording_in_step(dir.path(), "random-size-retake.jsonl")
+                .unwrap_or_else(|retake| panic!("{why}; the retake too: {retake}"))
+        }
+    };
     let missed: BTreeSet<usize> = causal["first_divergences"]
         .as_array()
         .unwrap()
