@@ -170,13 +170,32 @@ fn recording_in_step(dir: &Path, name: &str) -> Result<(PathBuf, Vec<Value>, Val
             break;
         }
     }
+    // Where a lasting backlog offset set in: the kernel's backlog less the model's at twenty
+    // points through the backlog misses.
+    let backlog: Vec<(u64, i64)> = divergences
+        .iter()
+        .filter(|d| {
+            d["class"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("nr-lazy"))
+        })
+        .filter_map(|d| {
+            let n = |k: &str| d[k].as_str()?.parse::<i64>().ok();
+            Some((d["line"].as_u64()?, n("observed")? - n("predicted")?))
+        })
+        .collect();
+    let offsets: Vec<String> = (0..20)
+        .filter_map(|k| backlog.get(k * backlog.len() / 20))
+        .map(|(line, diff)| format!("{line}:{diff:+}"))
+        .collect();
     Err(format!(
         "{name}: strict placement {placement:.3} % (floor {PLACEMENT_FLOOR}), nr_lazy \
          {nr_lazy:.3} % (floor {NR_LAZY_FLOOR}) over {} lines, {lost} events lost; \
-         {} strict misses, the first of each kind: {}",
+         {} strict misses, the first of each kind: {}; backlog kernel - model at line: {}",
         lines.len(),
         divergences.len(),
-        first_of_kind.join(", ")
+        first_of_kind.join(", "),
+        offsets.join(" ")
     ))
 }
 
