@@ -1,9 +1,9 @@
 //! Model-core and reader throughput on a trace file: a benchmark, not a test.
 //!
-//! `cargo bench -p vmtrace --bench model_core -- TRACE [--rounds N]` prints one JSON object on
-//! stdout. `cargo xtask bench-model` runs it on cached synthetic traces and puts the numbers
-//! beside the whole-binary ones (replay against jq, peak RSS); docs/development.md explains
-//! the figures.
+//! `cargo bench -p vmtrace --bench model_core -- TRACE [--rounds N] [--live-only]` prints one
+//! JSON object on stdout. `cargo xtask bench-model` runs it on cached synthetic traces and puts
+//! the numbers beside the whole-binary ones (replay against jq, peak RSS); docs/development.md
+//! explains the figures.
 //!
 //! Three things are timed, so that a slowdown can be placed:
 //!
@@ -20,6 +20,11 @@
 //!   after the load, so this is parsing, not the disk).
 //! - **replay**: [`replay`] over the same file, in this process: parsing plus the whole replay
 //!   bookkeeping, what `vmtrace replay` does short of printing.
+//! - **live** (`--live-only`, instead of the three above): the records parsed before the clock
+//!   starts, then pushed one at a time into [`LiveReplay`], as `vmtrace top`'s model thread
+//!   takes them: both replays (strict and explained) and the read-ahead window, without the
+//!   parsing. Its rate against the stream's is the model's share of `top`'s CPU (docs/tui.md).
+//!   Every record is held in memory first, so give it a recording, not a 10 M-event trace.
 //!
 //! It is a plain `harness = false` binary rather than criterion: one pass over ten million
 //! events takes seconds, so statistical resampling adds nothing but minutes, and the numbers
@@ -32,6 +37,7 @@ use std::time::Instant;
 mod common;
 use common::thread_cpu_seconds;
 use vmtrace::model::{AllocRequest, DecayRule, Model, NodeLayout, Params, Variant};
+use vmtrace::replay::live::LiveReplay;
 use vmtrace::replay::{replay, ReplayOptions};
 use vmtrace::trace::{AreaKind, Header, Record, TraceReader, VmallocSnapshot};
 
@@ -106,11 +112,14 @@ fn main() {
 fn run() -> Result<(), String> {
     let mut trace = None;
     let mut rounds = 3u32;
+    let mut live_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             // `cargo bench` passes --bench to every bench binary.
             "--bench" => {}
+            // Only the live figure: the one `top`'s cost follows.
+            "--live-only" => live_only = true,
             "--rounds" => {
                 rounds = args
                     .next()
@@ -121,7 +130,18 @@ fn run() -> Result<(), String> {
             _ => trace = Some(a),
         }
     }
-    let path = trace.ok_or("usage: model_core TRACE [--rounds N]")?;
+    let path = trace.ok_or("usage: model_core TRACE [--rounds N] [--live-only]")?;
+    if live_only {
+        let live = live_rate(&path, rounds.max(1))?;
+        let out = serde_json::json!({
+            "trace": path,
+            "rounds": rounds,
+            "live_records_per_sec": live.0,
+            "live_records_per_wall_sec": live.1,
+        });
+        println!("{out}");
+        return Ok(());
+    }
     let bytes = std::fs::metadata(&path)
         .map_err(|e| format!("{path}: {e}"))?
         .len();
@@ -173,6 +193,33 @@ fn run() -> Result<(), String> {
     });
     println!("{out}");
     Ok(())
+}
+
+/// Best of `rounds` passes of [`LiveReplay`] over the trace's records, parsed beforehand:
+/// `(records per CPU second, per wall second)`.
+fn live_rate(path: &str, rounds: u32) -> Result<(f64, f64), String> {
+    let mut reader = TraceReader::new(open(path)?);
+    let header = reader.read_header().map_err(|e| e.to_string())?;
+    let Some(Ok(Record::Vmallocinfo(snapshot))) = reader.next() else {
+        return Err(format!("{path}: no start snapshot after the header"));
+    };
+    let records: Vec<Record> = reader
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let opts = ReplayOptions::default();
+    let mut best = (0.0f64, 0.0f64);
+    for _ in 0..rounds {
+        let mut live = LiveReplay::new(&header, &snapshot, &opts).map_err(|e| e.to_string())?;
+        let clock = Clock::start();
+        for rec in &records {
+            live.push(rec.clone()).map_err(|e| e.to_string())?;
+        }
+        live.flush().map_err(|e| e.to_string())?;
+        let (wall, cpu) = clock.stop();
+        best.0 = best.0.max(records.len() as f64 / cpu);
+        best.1 = best.1.max(records.len() as f64 / wall);
+    }
+    Ok(best)
 }
 
 /// The trace through a large buffer, as `vmtrace replay` reads it. The file is read again for

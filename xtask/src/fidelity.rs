@@ -28,6 +28,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use crate::cmd::{self, banner, is_root};
+use crate::repeatability::{self, Observed};
 
 #[derive(Debug, Args)]
 pub struct FidelityArgs {
@@ -93,6 +94,14 @@ pub struct FidelityArgs {
     /// Where the JSON, the calibration and the per-recording outputs go.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+
+    /// A second recording of the same corpus (`--record --corpus DIR` made again): each of its
+    /// recordings is set against the same workload's here, per allocation, on the validation's
+    /// own metrics and targets. That is how closely the kernel reproduces itself, the closest
+    /// any prediction can be judged; it is printed beside the model's held-out errors on
+    /// `test`, with a verdict per metric (docs/fidelity.md, "The kernel against itself").
+    #[arg(long, value_name = "DIR")]
+    pub repeat: Option<PathBuf>,
 }
 
 /// Which side of the split a recording is on.
@@ -357,6 +366,16 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         calibration_file = Some(cal);
     }
 
+    let repeat = match (&args.repeat, &calibration_file) {
+        (Some(dir), Some(cal)) => {
+            Some(kernel_spread(&vmtrace, &manifest, &seeded, &out, dir, cal)?)
+        }
+        (Some(_), None) => {
+            bail!("--repeat needs the free-running validation (drop --no-free-running)")
+        }
+        _ => None,
+    };
+
     let mut in_sample: BTreeMap<String, Vec<Vec<Check>>> = BTreeMap::new();
     if !args.no_free_running && !args.no_in_sample {
         let dir = out.join("in-sample");
@@ -401,7 +420,15 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
             );
         }
         let (_, sha) = digest(cal)?;
-        let check = held_out_check(&held_out, &seeded, &manifest, sha, git_commit(), args.seeds);
+        let check = held_out_check(
+            &held_out,
+            &seeded,
+            &manifest,
+            sha,
+            git_commit(),
+            args.seeds,
+            repeat.as_ref().map(|r| &r.kernel),
+        );
         fs::write(path, serde_json::to_string_pretty(&check)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
         println!(
@@ -426,6 +453,7 @@ pub fn fidelity(args: &FidelityArgs) -> Result<()> {
         validation,
         seeds: (!seeded.is_empty()).then(|| spread(&manifest, &seeded)),
         in_sample: (!in_sample.is_empty()).then(|| spread(&manifest, &in_sample)),
+        repeat,
     };
     let json = serde_json::to_string_pretty(&result)? + "\n";
     let json_path = out.join("fidelity.json");
@@ -477,6 +505,83 @@ fn validate(
         )
     })?;
     parse_validation(&doc).with_context(|| format!("{name}: no validation in the what-if"))
+}
+
+/// `--repeat DIR`: validates DIR's recordings of the corpus's workloads (seed 1, calibration
+/// `cal`) for their observed side, and sets each against the same workload's here.
+fn kernel_spread(
+    vmtrace: &Path,
+    manifest: &Manifest,
+    seeded: &BTreeMap<String, Vec<Vec<Check>>>,
+    out: &Path,
+    dir: &Path,
+    cal: &Path,
+) -> Result<Repeat> {
+    let other = read_manifest(&dir.join(MANIFEST))?;
+    banner(&format!("check the repeat corpus at {}", dir.display()));
+    verify(dir, &other)?;
+    let files = out.join("repeat");
+    fs::create_dir_all(&files).with_context(|| format!("cannot create {}", files.display()))?;
+    let mut pairs = Vec::new();
+    for r in &manifest.recordings {
+        let Some(b) = other.recordings.iter().find(|b| b.name == r.name) else {
+            println!("  {}: not in the repeat corpus, left out", r.name);
+            continue;
+        };
+        if b.command != r.command {
+            println!(
+                "  {}: recorded with another command there ({}), left out",
+                r.name,
+                b.command.join(" ")
+            );
+            continue;
+        }
+        let Some(checks_a) = seeded.get(&r.name).and_then(|runs| runs.first()) else {
+            continue;
+        };
+        banner(&format!("[repeat] {}: its observed figures", r.name));
+        let file_b = files.join(format!("{}.free-running.json", r.name));
+        let checks_b = validate(vmtrace, &dir.join(&b.file), cal, 1, &file_b, &r.name)?;
+        let observed = |file: &Path, checks: &[Check]| -> Result<Observed> {
+            let doc: Value = serde_json::from_str(
+                &fs::read_to_string(file)
+                    .with_context(|| format!("cannot read {}", file.display()))?,
+            )
+            .with_context(|| format!("{}: not JSON", file.display()))?;
+            Observed::from_replay(&doc, checks.to_vec())
+                .with_context(|| format!("{}: no allocation count in the what-if", file.display()))
+        };
+        let a = observed(&out.join(format!("{}.free-running.json", r.name)), checks_a)?;
+        let b = observed(&file_b, &checks_b)?;
+        pairs.push((r.name.clone(), a, b));
+    }
+    if pairs.is_empty() {
+        bail!(
+            "the repeat corpus at {} holds none of this corpus's workloads",
+            dir.display()
+        );
+    }
+    let kernel = repeatability::spread(dir.display().to_string(), other.commit.clone(), &pairs);
+    let mut model_test: BTreeMap<String, repeatability::MetricSpread> = BTreeMap::new();
+    for r in manifest
+        .recordings
+        .iter()
+        .filter(|r| r.split == Split::Test)
+    {
+        for checks in seeded.get(&r.name).into_iter().flatten() {
+            for c in checks {
+                let Some(e) = error_of(c) else { continue };
+                let m = model_test.entry(c.metric.clone()).or_default();
+                m.checked += 1;
+                m.within += usize::from(c.within);
+                m.mean_error += e;
+            }
+        }
+    }
+    for m in model_test.values_mut() {
+        m.mean_error /= m.checked.max(1) as f64;
+    }
+    Ok(Repeat { kernel, model_test })
 }
 
 /// The corpus lives beside the test box's kernels, outside the repository.
@@ -847,6 +952,17 @@ struct Fidelity {
     /// ceiling, never a prediction. Absent in runs from before it, or with `--no-in-sample`.
     #[serde(default)]
     in_sample: Option<SeedSpread>,
+    /// The kernel against itself (`--repeat`); absent without it.
+    #[serde(default)]
+    repeat: Option<Repeat>,
+}
+
+/// `--repeat`: the kernel's spread between two recordings of each workload, and the model's
+/// held-out errors on `test` (every seed) on the same metrics.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Repeat {
+    kernel: repeatability::KernelSpread,
+    model_test: BTreeMap<String, repeatability::MetricSpread>,
 }
 
 /// The free-running validation over seeds 1 to `seeds`, per split.
@@ -967,6 +1083,25 @@ pub struct MetricCheck {
     pub within: usize,
     pub checked: usize,
     pub mean_error: Option<f64>,
+    /// The same metric between two recordings of each workload (`--repeat`): how closely the
+    /// kernel reproduces itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelCheck>,
+}
+
+/// One metric of `--repeat`, as the check file carries it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelCheck {
+    pub within: usize,
+    pub checked: usize,
+    pub mean_error: f64,
+}
+
+/// The second corpus of `--repeat`, as the check file names it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RepeatFacts {
+    pub commit: String,
+    pub workloads: usize,
 }
 
 /// What `vmtrace` prints beside the predictions of its built-in calibration; the format is
@@ -981,6 +1116,8 @@ pub struct HeldOutCheck {
     pub recordings: Vec<String>,
     pub seeds: u32,
     pub metrics: Vec<MetricCheck>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<RepeatFacts>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -998,6 +1135,7 @@ fn held_out_check(
     calibration_sha256: String,
     checked_at: String,
     seeds: u32,
+    kernel: Option<&repeatability::KernelSpread>,
 ) -> HeldOutCheck {
     let mut metrics: BTreeMap<String, (MetricCheck, f64, usize)> = BTreeMap::new();
     for r in held_out {
@@ -1010,6 +1148,13 @@ fn held_out_check(
                         within: 0,
                         checked: 0,
                         mean_error: None,
+                        kernel: kernel.and_then(|k| k.metrics.get(&c.metric)).map(|k| {
+                            KernelCheck {
+                                within: k.within,
+                                checked: k.checked,
+                                mean_error: k.mean_error,
+                            }
+                        }),
                     },
                     0.0,
                     0,
@@ -1043,6 +1188,10 @@ fn held_out_check(
                 m
             })
             .collect(),
+        repeat: kernel.map(|k| RepeatFacts {
+            commit: k.commit.clone(),
+            workloads: k.workloads.len(),
+        }),
     }
 }
 
@@ -1204,7 +1353,46 @@ fn render(f: &Fidelity) -> String {
     if let (Some(held), Some(own)) = (&f.seeds, &f.in_sample) {
         render_in_sample(&mut s, held, own);
     }
+    if let Some(r) = &f.repeat {
+        render_repeat(&mut s, r);
+    }
     s
+}
+
+fn render_repeat(s: &mut String, r: &Repeat) {
+    use std::fmt::Write as _;
+    let k = &r.kernel;
+    let _ = writeln!(
+        s,
+        "\nthe kernel against itself: {} workloads recorded again ({}, at {}), each recording \
+         standing in for a prediction of the other (counts and totals per allocation); beside \
+         it the model's held-out error on test over every seed. noise: the model is no further \
+         off than the kernel from itself; beyond: more than twice as far",
+        k.workloads.len(),
+        k.corpus,
+        k.commit
+    );
+    let _ = writeln!(
+        s,
+        "{:<26} {:>13} {:>8}  {:>13} {:>8}  verdict",
+        "metric", "kernel within", "error", "model within", "error"
+    );
+    for (m, ks) in &k.metrics {
+        let (mw, me, v) = match r.model_test.get(m) {
+            Some(ms) => (
+                format!("{}/{}", ms.within, ms.checked),
+                format!("{:.3}", ms.mean_error),
+                repeatability::verdict(ms.mean_error, ks.mean_error),
+            ),
+            None => ("-".into(), "-".into(), "-"),
+        };
+        let _ = writeln!(
+            s,
+            "{m:<26} {:>13} {:>8.3}  {mw:>13} {me:>8}  {v}",
+            format!("{}/{}", ks.within, ks.checked),
+            ks.mean_error
+        );
+    }
 }
 
 /// Where a metric's held-out error lies, read from its in-sample error (same metric, same
@@ -1543,11 +1731,27 @@ mod tests {
             .collect()
         };
         let held: Vec<&Recorded> = manifest.recordings[..2].iter().collect();
-        let c = held_out_check(&held, &seeded(105.0), &manifest, "s".into(), "c".into(), 2);
+        let c = held_out_check(
+            &held,
+            &seeded(105.0),
+            &manifest,
+            "s".into(),
+            "c".into(),
+            2,
+            None,
+        );
         assert_eq!(c.recordings, ["a", "b"]);
         let m = &c.metrics[0];
         assert_eq!((m.within, m.checked), (4, 4));
-        let perturbed = held_out_check(&held, &seeded(200.0), &manifest, "s".into(), "c".into(), 2);
+        let perturbed = held_out_check(
+            &held,
+            &seeded(200.0),
+            &manifest,
+            "s".into(),
+            "c".into(),
+            2,
+            None,
+        );
         let p = &perturbed.metrics[0];
         assert_eq!((p.within, p.checked), (2, 4));
         assert!(p.mean_error.unwrap() > m.mean_error.unwrap());
@@ -1711,6 +1915,7 @@ mod tests {
                 within_target: vec![],
                 seeds: Some(spread(&manifest, &seeded)),
                 in_sample: None,
+                repeat: None,
             }
         };
         let text = render_against(&make("old", 105.0, 101.0), &make("new", 120.0, 101.0));
@@ -1752,6 +1957,7 @@ mod tests {
                 within_target: vec![],
                 seeds: None,
                 in_sample: None,
+                repeat: None,
             }
         };
         let text = render_against(&make("old", 90), &make("new", 95));

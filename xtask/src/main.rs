@@ -11,6 +11,7 @@ mod bench_model;
 mod cmd;
 mod elf;
 mod fidelity;
+mod repeatability;
 mod run;
 mod setup;
 mod test;

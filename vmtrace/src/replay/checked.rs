@@ -32,6 +32,16 @@ pub struct CalibrationCheck {
     pub recordings: Vec<String>,
     pub seeds: u32,
     pub metrics: Vec<MetricCheck>,
+    /// A second recording of the corpus's workloads (`cargo xtask fidelity --repeat`), whose
+    /// figures set the kernel against itself; absent in checks made without one.
+    #[serde(default)]
+    pub repeat: Option<RepeatFacts>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RepeatFacts {
+    pub commit: String,
+    pub workloads: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -53,6 +63,19 @@ pub struct MetricCheck {
     /// Mean |ln(predicted / observed)|, or for the pool-hit share the mean distance in points;
     /// a prediction of 0 against an observed figure has no ratio and is only counted.
     pub mean_error: Option<f64>,
+    /// One recording of each workload taken as the prediction of another recording of it
+    /// (counts and totals per allocation): a prediction cannot be judged closer than this.
+    #[serde(default)]
+    pub kernel: Option<KernelCheck>,
+}
+
+/// How closely the kernel reproduced itself on one metric (each pair of recordings counted
+/// both ways).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelCheck {
+    pub within: u32,
+    pub checked: u32,
+    pub mean_error: f64,
 }
 
 /// The metrics that answer one question a what-if row asks, counted together.
@@ -65,6 +88,8 @@ pub struct GroupCheck {
     /// The mean error over the group's figures that have one, on the target's scale: a factor
     /// (exp of the mean |ln ratio|) or points.
     pub typical: Option<f64>,
+    /// The kernel against itself on the same metrics, `(within, checked)`, when the check has it.
+    pub kernel: Option<(u32, u32)>,
 }
 
 /// Whether a validation metric belongs to a group.
@@ -111,9 +136,15 @@ impl CalibrationCheck {
                     .filter_map(|m| m.mean_error.map(|e| (e * f64::from(m.checked), m.checked)))
                     .fold((0.0, 0), |(s, n), (e, c)| (s + e, n + c));
                 let mean = (n > 0).then(|| sum / f64::from(n));
+                let kernel = ms
+                    .iter()
+                    .filter_map(|m| m.kernel)
+                    .map(|k| (k.within, k.checked))
+                    .reduce(|a, b| (a.0 + b.0, a.1 + b.1));
                 Some(GroupCheck {
                     label,
                     target,
+                    kernel,
                     within: ms.iter().map(|m| m.within).sum(),
                     checked: ms.iter().map(|m| m.checked).sum(),
                     typical: match target {
@@ -147,13 +178,26 @@ impl CalibrationCheck {
                 (Some(p), Target::Points(_)) => format!("; mean error {p:.1} pt"),
                 (Some(f), _) => format!("; typical error ×{f:.2}"),
             };
+            let kernel = match g.kernel {
+                Some((w, c)) => format!("; the kernel against itself {w} of {c}"),
+                None => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "{prefix}  {:<36} {:>3} of {:<3} within {}{typical}",
+                "{prefix}  {:<36} {:>3} of {:<3} within {}{typical}{kernel}",
                 g.label,
                 g.within,
                 g.checked,
                 g.target.label()
+            );
+        }
+        if let Some(r) = &self.repeat {
+            let _ = writeln!(
+                s,
+                "{prefix}  the kernel against itself: {} workloads recorded again at {}, one \
+                 recording taken as the prediction of the other (counts per allocation); no \
+                 prediction can be judged closer",
+                r.workloads, r.commit
             );
         }
         let _ = writeln!(
@@ -200,6 +244,7 @@ mod tests {
             within,
             checked,
             mean_error: Some(err),
+            kernel: None,
         }
     }
 
@@ -231,6 +276,7 @@ mod tests {
                 metric("wait_ns:node_lazy_lock", Target::Factor(1.5), 5, 10, 0.0),
                 metric("pool_hit_share", Target::Points(3.0), 9, 10, 1.5),
             ],
+            repeat: None,
         };
         let good = check(0.0, 8);
         let g = good.groups();
@@ -247,5 +293,52 @@ mod tests {
         let text = bad.render("x: ");
         assert!(text.contains("7 of 20"), "{text}");
         assert!(text.lines().all(|l| l.starts_with("x: ")), "{text}");
+        assert!(!text.contains("against itself"), "{text}");
+    }
+
+    /// With a repeat corpus the kernel's own counts sum per group and print beside the model's.
+    #[test]
+    fn the_kernel_against_itself_is_summed_per_group_and_printed() {
+        let k = |within, checked| {
+            Some(KernelCheck {
+                within,
+                checked,
+                mean_error: 0.4,
+            })
+        };
+        let mut a = metric("waits:node_lazy_lock", Target::Factor(1.5), 2, 10, 1.0);
+        a.kernel = k(8, 18);
+        let mut b = metric("wait_ns:node_lazy_lock", Target::Factor(1.5), 3, 10, 1.0);
+        b.kernel = k(4, 18);
+        let c = CalibrationCheck {
+            format: "vmtrace-calibration-check".into(),
+            version: 1,
+            calibration_sha256: String::new(),
+            checked_at: "c".into(),
+            corpus: CorpusFacts {
+                commit: "c".into(),
+                kernel: "k".into(),
+                cpus: 2,
+                duration: "10s".into(),
+            },
+            recordings: vec!["a".into()],
+            seeds: 2,
+            metrics: vec![a, b, metric("purges", Target::Relative(0.1), 9, 10, 0.05)],
+            repeat: Some(RepeatFacts {
+                commit: "r".into(),
+                workloads: 9,
+            }),
+        };
+        let g = c.groups();
+        let locks = g.iter().find(|g| g.label.starts_with("lock")).unwrap();
+        assert_eq!(locks.kernel, Some((12, 36)));
+        let purges = g.iter().find(|g| g.label.starts_with("purges")).unwrap();
+        assert_eq!(purges.kernel, None);
+        let text = c.render("");
+        assert!(
+            text.contains("the kernel against itself 12 of 36"),
+            "{text}"
+        );
+        assert!(text.contains("9 workloads recorded again at r"), "{text}");
     }
 }
