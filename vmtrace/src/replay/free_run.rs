@@ -419,6 +419,7 @@ impl FreeRunner {
                 b
             }),
             inflight: None,
+            drain_host: None,
             last_purge_end: 0,
             last_free_at: BTreeMap::new(),
             follow_up_purges: 0,
@@ -748,6 +749,9 @@ struct Run {
     bound: Option<PoolBound>,
     /// The drain work's purge between its detach and its end, and when it ends.
     inflight: Option<(Inflight, u64)>,
+    /// The CPU whose frees stop while the drain item runs, when one does: see
+    /// [`Run::requeue_drain`].
+    drain_host: Option<u32>,
     /// When the last purge ended: `vmap_purge_lock` holds the next one back until then.
     last_purge_end: u64,
     /// Each CPU's latest free, to tell whether a drain starts among concurrent frees.
@@ -796,6 +800,13 @@ struct Inflight {
     decayed: Vec<u64>,
     /// The follow-up drain it gets ([`Run::follow_up_after`]), decided at its start.
     follow_gap: Option<u64>,
+}
+
+/// A per-CPU workqueue worker (`kworker/1:0`, `kworker/0:1H`), not an unbound one
+/// (`kworker/u8:2`) or a task.
+fn is_bound_worker(comm: &str) -> bool {
+    comm.strip_prefix("kworker/")
+        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
 }
 
 fn mean(v: &[u64]) -> f64 {
@@ -1071,8 +1082,9 @@ impl Run {
         let traced = self.traced_ns(&steps);
         steps.push(Step::Work(rest - rest / 2));
         self.sync_prev();
-        // While the drain's purge runs, its pages are still in the backlog; the follow-up
-        // measurement stands for the frees that queue it again meanwhile.
+        // While the drain's purge runs, its pages are still in the backlog, and this free may
+        // queue the item again.
+        self.requeue_drain(f.ctx.cpu, got.drain);
         let trigger = got.drain && self.purge_at.is_none() && self.inflight.is_none();
         let mut drain_latency = None;
         if trigger {
@@ -1087,6 +1099,7 @@ impl Run {
                 }
             }
             self.drain_latencies.push(latency);
+            self.drain_host = (!is_bound_worker(&f.ctx.comm)).then_some(f.ctx.cpu);
             self.purge_at = Some(f.ctx.ts_ns.saturating_add(latency));
             drain_latency = Some(latency);
         }
@@ -1149,8 +1162,12 @@ impl Run {
             None => 0,
         };
         let mut f = self.purge_begin(at, false);
-        // Whether it is queued again depends on the frees before its start.
-        f.follow_gap = self.follow_up_after(at);
+        // With a span the frees that come while it runs queue it again
+        // ([`Run::requeue_drain`]); without one it has no time to meet them, and the measured
+        // share stands for them.
+        if span == 0 {
+            f.follow_gap = self.follow_up_after(at);
+        }
         if span == 0 {
             self.last_purge_end = at;
             self.complete_drain(f);
@@ -1181,6 +1198,33 @@ impl Run {
             drain_latency_ns: follow_gap,
             helpers,
         });
+    }
+
+    /// `schedule_work` from a free whose backlog is over the threshold (`over`) while the drain
+    /// item runs: the item is no longer pending, so the free queues it again, and the
+    /// follow-up purges what came meanwhile. Until the purge takes its pages out of
+    /// `vmap_lazy_nr` every free sees the backlog over the threshold (the model counts the
+    /// batch in flight until the purge's span has passed), so the first free of the span
+    /// queues it, from any CPU but the one the item runs on when the item displaced the
+    /// freeing context there: an unbound worker or a task, whose CPU the worker that took the
+    /// item (often the very worker whose free crossed) occupies for the span. A bound per-CPU
+    /// worker (the deferred frees of thread stacks, `kworker/N:M`) keeps its CPU and freeing,
+    /// so the item runs elsewhere and no CPU's frees stop. The follow-up starts the measured
+    /// gap after the item's end.
+    fn requeue_drain(&mut self, cpu: u32, over: bool) {
+        if !over || self.purge_at.is_some() || self.drain_host == Some(cpu) {
+            return;
+        }
+        let (Some((f, ends)), Some(fu)) = (self.inflight.as_mut(), self.follow_up.as_ref()) else {
+            return;
+        };
+        if f.follow_gap.is_some() {
+            return;
+        }
+        let gap = fu.gap.sample(self.rng.unit());
+        f.follow_gap = Some(gap);
+        self.purge_at = Some(ends.saturating_add(gap).max(1));
+        self.follow_up_purges += 1;
     }
 
     /// Whether the drain item that started at `at` is queued again before its purge takes its
@@ -1650,6 +1694,48 @@ mod tests {
         );
         // The simulation runs every follow-up on the worker and finishes every operation.
         assert_eq!((half.late_starts, half.unfinished_ops), (0, 0));
+    }
+
+    /// A free that finds the backlog over the threshold while the drain item's purge runs
+    /// queues the item again, whatever share of items the calibration saw followed (zero
+    /// here). The CPU the item displaced frees nothing meanwhile, so on one CPU nothing
+    /// queues it, unless the crossing free came from a bound per-CPU worker, which keeps its
+    /// CPU while the item runs elsewhere.
+    #[test]
+    fn frees_while_the_purge_runs_queue_the_drain_again() {
+        let run = |bytes: &[u8]| {
+            let fr = FreeRunOptions {
+                follow_up: Some(follow_up((10, 0), (10, 0))),
+                purge_latency_ns: 10_000,
+                purge_span: DrainLatency::from_samples(&[200_000]),
+                ..FreeRunOptions::default()
+            };
+            free_run(bytes, &opts(Variant::Nodes), &fr).unwrap()
+        };
+        let four = run(&synth(4, 4, 1, 400));
+        assert!(four.purges >= 5, "{} purges", four.purges);
+        assert!(four.follow_up_purges > 0, "no follow-up on four CPUs");
+        let one_cpu = synth(1, 1, 1, 2000);
+        let one = run(&one_cpu);
+        assert!(one.purges >= 5, "{} purges", one.purges);
+        assert_eq!(one.follow_up_purges, 0);
+        let bound = String::from_utf8(one_cpu)
+            .unwrap()
+            .replace("\"comm\":\"vmalloc_test/0\"", "\"comm\":\"kworker/0:1\"");
+        let kept = run(bound.as_bytes());
+        assert!(
+            kept.follow_up_purges > 0,
+            "a bound worker's CPU stopped freeing"
+        );
+        assert!(
+            kept.purges > one.purges,
+            "{} vs {}",
+            kept.purges,
+            one.purges
+        );
+        assert_eq!((kept.late_starts, kept.unfinished_ops), (0, 0));
+        assert!(is_bound_worker("kworker/1:0H") && !is_bound_worker("kworker/u8:2"));
+        assert!(!is_bound_worker("vmalloc_test/0"));
     }
 
     /// A record stamped before the snapshot is in the snapshot already (or was freed before
