@@ -562,7 +562,10 @@ fn kernel_spread(
         );
     }
     let kernel = repeatability::spread(dir.display().to_string(), other.commit.clone(), &pairs);
+    // Every figure counts in `within` of `checked`, as in the check file; the mean error is
+    // over those that have one (a prediction of 0 has no ratio).
     let mut model_test: BTreeMap<String, repeatability::MetricSpread> = BTreeMap::new();
+    let mut with_error: BTreeMap<String, usize> = BTreeMap::new();
     for r in manifest
         .recordings
         .iter()
@@ -570,16 +573,18 @@ fn kernel_spread(
     {
         for checks in seeded.get(&r.name).into_iter().flatten() {
             for c in checks {
-                let Some(e) = error_of(c) else { continue };
                 let m = model_test.entry(c.metric.clone()).or_default();
                 m.checked += 1;
                 m.within += usize::from(c.within);
-                m.mean_error += e;
+                if let Some(e) = error_of(c) {
+                    m.mean_error += e;
+                    *with_error.entry(c.metric.clone()).or_default() += 1;
+                }
             }
         }
     }
-    for m in model_test.values_mut() {
-        m.mean_error /= m.checked.max(1) as f64;
+    for (name, m) in &mut model_test {
+        m.mean_error /= with_error.get(name).copied().unwrap_or(0).max(1) as f64;
     }
     Ok(Repeat { kernel, model_test })
 }
