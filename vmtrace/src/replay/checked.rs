@@ -237,6 +237,25 @@ mod tests {
             .all(|g| g.checked > 0 && g.within <= g.checked));
     }
 
+    fn check_of(metrics: Vec<MetricCheck>, repeat: Option<RepeatFacts>) -> CalibrationCheck {
+        CalibrationCheck {
+            format: "vmtrace-calibration-check".into(),
+            version: 1,
+            calibration_sha256: String::new(),
+            checked_at: "c".into(),
+            corpus: CorpusFacts {
+                commit: "c".into(),
+                kernel: "k".into(),
+                cpus: 2,
+                duration: "10s".into(),
+            },
+            recordings: vec!["a".into()],
+            seeds: 2,
+            metrics,
+            repeat,
+        }
+    }
+
     fn metric(name: &str, target: Target, within: u32, checked: u32, err: f64) -> MetricCheck {
         MetricCheck {
             metric: name.into(),
@@ -252,31 +271,21 @@ mod tests {
     /// metric shows in both.
     #[test]
     fn groups_sum_counts_and_weigh_errors() {
-        let check = |wait_err: f64, wait_within: u32| CalibrationCheck {
-            format: "vmtrace-calibration-check".into(),
-            version: 1,
-            calibration_sha256: String::new(),
-            checked_at: "c".into(),
-            corpus: CorpusFacts {
-                commit: "c".into(),
-                kernel: "k".into(),
-                cpus: 2,
-                duration: "10s".into(),
-            },
-            recordings: vec!["a".into()],
-            seeds: 2,
-            metrics: vec![
-                metric(
-                    "waits:node_lazy_lock",
-                    Target::Factor(1.5),
-                    wait_within,
-                    10,
-                    wait_err,
-                ),
-                metric("wait_ns:node_lazy_lock", Target::Factor(1.5), 5, 10, 0.0),
-                metric("pool_hit_share", Target::Points(3.0), 9, 10, 1.5),
-            ],
-            repeat: None,
+        let check = |wait_err: f64, wait_within: u32| {
+            check_of(
+                vec![
+                    metric(
+                        "waits:node_lazy_lock",
+                        Target::Factor(1.5),
+                        wait_within,
+                        10,
+                        wait_err,
+                    ),
+                    metric("wait_ns:node_lazy_lock", Target::Factor(1.5), 5, 10, 0.0),
+                    metric("pool_hit_share", Target::Points(3.0), 9, 10, 1.5),
+                ],
+                None,
+            )
         };
         let good = check(0.0, 8);
         let g = good.groups();
@@ -310,25 +319,13 @@ mod tests {
         a.kernel = k(8, 18);
         let mut b = metric("wait_ns:node_lazy_lock", Target::Factor(1.5), 3, 10, 1.0);
         b.kernel = k(4, 18);
-        let c = CalibrationCheck {
-            format: "vmtrace-calibration-check".into(),
-            version: 1,
-            calibration_sha256: String::new(),
-            checked_at: "c".into(),
-            corpus: CorpusFacts {
-                commit: "c".into(),
-                kernel: "k".into(),
-                cpus: 2,
-                duration: "10s".into(),
-            },
-            recordings: vec!["a".into()],
-            seeds: 2,
-            metrics: vec![a, b, metric("purges", Target::Relative(0.1), 9, 10, 0.05)],
-            repeat: Some(RepeatFacts {
+        let c = check_of(
+            vec![a, b, metric("purges", Target::Relative(0.1), 9, 10, 0.05)],
+            Some(RepeatFacts {
                 commit: "r".into(),
                 workloads: 9,
             }),
-        };
+        );
         let g = c.groups();
         let locks = g.iter().find(|g| g.label.starts_with("lock")).unwrap();
         assert_eq!(locks.kernel, Some((12, 36)));
