@@ -213,6 +213,11 @@ pub struct Purged {
     pub to_free_tree: u32,
     /// Pool entries decayed back to the free tree.
     pub decayed: u32,
+    /// Per node, the runs of adjacent ranges its decay handed to the free tree: the kernel
+    /// merges a node's decayed entries into a local tree outside any lock and walks only the
+    /// merged runs under `free_vmap_area_lock`, so this, not `decayed`, sizes that section.
+    #[serde(skip)]
+    pub decay_runs: Vec<u32>,
     pub helpers: u32,
     pub nodes_with_work: u32,
     /// Nodes into whose pools at least one area was put.
@@ -223,6 +228,33 @@ pub struct Purged {
     /// turned out not to include ([`Model::unpurge`]).
     #[serde(skip)]
     pub batch: Vec<PurgedArea>,
+}
+
+impl Purged {
+    fn add_decay(&mut self, node: u32, entries: u32, runs: u32) {
+        self.decayed += entries;
+        let i = node as usize;
+        if self.decay_runs.len() <= i {
+            self.decay_runs.resize(i + 1, 0);
+        }
+        self.decay_runs[i] += runs;
+    }
+}
+
+/// Runs of adjacent ranges among `cut`: what `merge_or_add_vmap_area` leaves of them in a
+/// local tree, each run one merged block.
+fn merged_runs(cut: &[(u64, u64)]) -> u32 {
+    let mut sorted: Vec<(u64, u64)> = cut.to_vec();
+    sorted.sort_unstable();
+    let mut runs = 0;
+    let mut end = None;
+    for (a, s) in sorted {
+        if end != Some(a) {
+            runs += 1;
+        }
+        end = Some(a + s);
+    }
+    runs
 }
 
 /// A purge between [`Model::purge_start`] and [`Model::purge_finish`]: pools decayed, every
@@ -932,7 +964,8 @@ impl Model {
     /// detaches before any node is purged.
     fn decay_all_deferred(&mut self, p: &mut PurgeInProgress) {
         for node in std::mem::take(&mut p.undecayed) {
-            p.out.decayed += self.decay_node(node, p.full);
+            let (n, runs) = self.decay_node(node, p.full);
+            p.out.add_decay(node, n, runs);
         }
         for node in self.decaying.iter().map(|d| d.0).collect::<Vec<_>>() {
             self.decay_end(p, node);
@@ -962,8 +995,8 @@ impl Model {
             return;
         };
         let (_, cut) = self.decaying.remove(i);
-        self.release_cut(&cut);
-        p.out.decayed += cut.len() as u32;
+        let runs = self.release_cut(&cut);
+        p.out.add_decay(node, cut.len() as u32, runs);
     }
 
     /// A node whose decay under way holds part of `[addr, addr + size)` among its cut entries.
@@ -981,15 +1014,16 @@ impl Model {
         self.decaying.iter().map(|d| d.0).collect()
     }
 
-    /// `decay_va_pool_node` for one node: returns the entries put back in the free tree.
-    fn decay_node(&mut self, node: u32, full: bool) -> u32 {
+    /// `decay_va_pool_node` for one node: returns the entries put back in the free tree and
+    /// the merged runs they made.
+    fn decay_node(&mut self, node: u32, full: bool) -> (u32, u32) {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         self.cut_pools(node, full, &mut scratch);
-        self.release_cut(&scratch);
+        let runs = self.release_cut(&scratch);
         let n = scratch.len() as u32;
         self.scratch = scratch;
-        n
+        (n, runs)
     }
 
     /// The cut of a decay: [`pools::decay_count`] from the head of each of `node`'s
@@ -1006,8 +1040,9 @@ impl Model {
     }
 
     /// The end of a decay: the cut entries merged into the free tree in one
-    /// `free_vmap_area_lock` section (`reclaim_list_global`).
-    fn release_cut(&mut self, cut: &[(u64, u64)]) {
+    /// `free_vmap_area_lock` section (`reclaim_list_global`). Returns the runs of adjacent
+    /// entries, which is what that section walks (see [`Purged::decay_runs`]).
+    fn release_cut(&mut self, cut: &[(u64, u64)]) -> u32 {
         if !cut.is_empty() {
             self.locks.free_vmap_area_lock += 1;
         }
@@ -1016,6 +1051,7 @@ impl Model {
             // corrupt the overlap is caught by the invariant checks, not here.
             let _ = self.free.release(a, s);
         }
+        merged_runs(cut)
     }
 
     fn purge_start_at(&mut self, full: bool, cutoff: u64, decay_now: bool) -> PurgeInProgress {
@@ -1027,7 +1063,8 @@ impl Model {
         let nodes = self.params.layout.nr_nodes();
         if decay_now {
             for node in 0..nodes {
-                out.decayed += self.decay_node(node, full);
+                let (n, runs) = self.decay_node(node, full);
+                out.add_decay(node, n, runs);
             }
         }
         // The detach of every lazy tree: each node's batch is fixed here.
@@ -1224,7 +1261,7 @@ impl Model {
     pub fn shrink(&mut self) -> u32 {
         self.locks.vmap_purge_lock += 1;
         (0..self.params.layout.nr_nodes())
-            .map(|node| self.decay_node(node, true))
+            .map(|node| self.decay_node(node, true).0)
             .sum()
     }
 

@@ -590,3 +590,19 @@ fn withdrawn_space_is_a_gap_until_given_back() {
     assert!(!m.release_free(base, PAGE), "free already");
     m.check_invariants().unwrap();
 }
+
+/// A decay merges its entries into a local tree before it takes the free-tree lock, so the
+/// section walks runs of adjacent entries, not entries: three neighbours and a loner are two.
+#[test]
+fn decayed_neighbours_reach_the_free_tree_as_one_run() {
+    let cut = [
+        (0x5000, PAGE),
+        (0x1000, PAGE),
+        (0x2000, 2 * PAGE),
+        (0x4000, PAGE),
+        (0x9000, PAGE),
+    ];
+    assert_eq!(merged_runs(&cut), 2);
+    assert_eq!(merged_runs(&cut[4..]), 1);
+    assert_eq!(merged_runs(&[]), 0);
+}

@@ -795,9 +795,11 @@ struct Inflight {
     p: PurgeInProgress,
     at: u64,
     /// Per node: the decay's pool-lock sections ([`crate::model::pools::decay_sections`]),
-    /// and the entries it returned.
+    /// the entries it returned, and the merged runs they made
+    /// ([`crate::model::Purged::decay_runs`]).
     pool_sections: Vec<u64>,
     decayed: Vec<u64>,
+    decay_runs: Vec<u64>,
     /// The follow-up drain it gets ([`Run::follow_up_after`]), decided at its start.
     follow_gap: Option<u64>,
 }
@@ -1290,11 +1292,15 @@ impl Run {
         self.sync_prev();
         let p = self.model.purge_start(full, None);
         self.sync_prev();
+        let decay_runs = (0..pool_nodes)
+            .map(|n| u64::from(p.so_far().decay_runs.get(n).copied().unwrap_or(0)))
+            .collect();
         Inflight {
             p,
             at,
             pool_sections,
             decayed,
+            decay_runs,
             follow_gap: None,
         }
     }
@@ -1309,6 +1315,7 @@ impl Run {
             at,
             pool_sections,
             decayed,
+            decay_runs,
             ..
         } = f;
         let pool_nodes = self.locks.pool.len();
@@ -1333,9 +1340,13 @@ impl Run {
             if let Some(&lock) = self.locks.pool.get(n) {
                 push_sections(steps, lock, c.pool_lock_ns, pool_sections[n]);
                 if decayed[n] > 0 {
+                    // Each entry merges into the decay's local tree without a lock; the
+                    // global tree takes only the merged runs.
+                    let runs = decay_runs[n].clamp(1, decayed[n]);
+                    steps.push(Step::Work(c.merge_per_area_ns * (decayed[n] - runs)));
                     steps.push(Step::Section {
                         lock: self.locks.free_area,
-                        ns: c.free_area_lock_ns + c.merge_per_area_ns * decayed[n],
+                        ns: c.free_area_lock_ns + c.merge_per_area_ns * runs,
                     });
                 }
             }

@@ -81,6 +81,14 @@ pub struct Scan {
     last_ts: u64,
     events_per_cpu: BTreeMap<u32, u64>,
     waits: BTreeMap<LockClass, Vec<u64>>,
+    /// `free_vmap_area_lock` waits not yet known to lie outside every drain item: `(end, wait)`.
+    free_area_pending: VecDeque<(u64, u64)>,
+    /// `free_vmap_area_lock` waits that overlapped a drain item. The purge's own sections on
+    /// that lock (a decay's merged runs, the areas `purge_vmap_node` returns) are long and
+    /// free-running replay builds them from the purge, so these waits are not evidence of a
+    /// long hold any section may draw: over the corpus nearly every free-area wait above 2 µs
+    /// lay inside a drain item (docs/model.md, "Calibration").
+    pub free_area_in_drains: u64,
     /// Timestamps of frees above the threshold since the last drain item started: the first
     /// one queued the next item (`schedule_work` is a no-op while the item is pending).
     over_threshold: VecDeque<u64>,
@@ -245,6 +253,9 @@ impl Scan {
                 }
                 self.free_seen(f.ctx.ts_ns, f.ctx.cpu, high);
             }
+            Record::Contention(c) if c.wait_ns > 0 && c.class == LockClass::FreeAreaLock => {
+                self.free_area_pending.push_back((c.ctx.ts_ns, c.wait_ns));
+            }
             Record::Contention(c) if c.wait_ns > 0 => {
                 self.waits.entry(c.class).or_default().push(c.wait_ns);
             }
@@ -274,6 +285,7 @@ impl Scan {
             self.queue.drain(t, latency);
         }
         let end = start.saturating_add(w.duration_ns);
+        self.settle_free_area_waits(start, end);
         // The previous item was followed up when this one was queued while it still ran: the
         // pending bit had cleared at its start, and its purge had not yet taken its pages out.
         if let Some((p_start, p_end, p_active)) = self.prev_item.take() {
@@ -315,6 +327,41 @@ impl Scan {
                 self.purge_spans.push(span);
             }
         }
+    }
+
+    /// Sorts the pending free-area waits against a drain item that ran `[start, end]`: one
+    /// that ended before it started lies outside every item (later items start later), one
+    /// that overlaps it is the purge's, and the rest wait for the next item.
+    fn settle_free_area_waits(&mut self, start: u64, end: u64) {
+        let mut keep = VecDeque::new();
+        while let Some((at, wait)) = self.free_area_pending.pop_front() {
+            if at < start {
+                self.waits
+                    .entry(LockClass::FreeAreaLock)
+                    .or_default()
+                    .push(wait);
+            } else if at.saturating_sub(wait) <= end {
+                self.free_area_in_drains += 1;
+            } else {
+                keep.push_back((at, wait));
+            }
+        }
+        self.free_area_pending = keep;
+    }
+
+    /// The waits of `class` that size its holds: every recorded one, less the free-area waits
+    /// inside drain items ([`Scan::free_area_in_drains`]).
+    fn class_waits(&self, class: LockClass) -> impl Iterator<Item = u64> + '_ {
+        let pending = (class == LockClass::FreeAreaLock)
+            .then(|| self.free_area_pending.iter().map(|&(_, w)| w))
+            .into_iter()
+            .flatten();
+        self.waits
+            .get(&class)
+            .into_iter()
+            .flatten()
+            .copied()
+            .chain(pending)
     }
 
     /// `to - from` less the stalls inside it.
@@ -389,7 +436,9 @@ impl Scan {
 
     /// Lock waits the trace recorded, all classes.
     pub fn waits(&self) -> u64 {
-        self.waits.values().map(|w| w.len() as u64).sum()
+        self.waits.values().map(|w| w.len() as u64).sum::<u64>()
+            + self.free_area_pending.len() as u64
+            + self.free_area_in_drains
     }
 
     /// Drain items whose queueing free was found.
@@ -619,17 +668,20 @@ pub const WAIT_SCALE_MIN: usize = 30;
 impl Scan {
     /// See [`CalibratedTrace::mean_wait_ns`].
     pub fn mean_waits(&self) -> BTreeMap<LockClass, f64> {
-        self.waits
-            .iter()
-            .filter(|(c, _)| **c != LockClass::Other)
-            .filter_map(|(c, w)| {
-                let body: Vec<f64> = w
-                    .iter()
-                    .filter(|&&x| x < STALL_WAIT_NS)
-                    .map(|&x| x as f64)
+        let pending = (!self.free_area_pending.is_empty()).then_some(LockClass::FreeAreaLock);
+        let classes: std::collections::BTreeSet<LockClass> =
+            self.waits.keys().copied().chain(pending).collect();
+        classes
+            .into_iter()
+            .filter(|&c| c != LockClass::Other)
+            .filter_map(|c| {
+                let body: Vec<f64> = self
+                    .class_waits(c)
+                    .filter(|&x| x < STALL_WAIT_NS)
+                    .map(|x| x as f64)
                     .collect();
                 (body.len() >= WAIT_SCALE_MIN)
-                    .then(|| (*c, body.iter().sum::<f64>() / body.len() as f64))
+                    .then(|| (c, body.iter().sum::<f64>() / body.len() as f64))
             })
             .collect()
     }
@@ -971,9 +1023,7 @@ pub fn calibrate_with(
                 .iter()
                 .map(|&n| (n as f64).powi(2) * (1.0 - concentration) / dur)
                 .sum::<f64>();
-            if let Some(w) = t.scan.waits.get(&class) {
-                e.waits.extend_from_slice(w);
-            }
+            e.waits.extend(t.scan.class_waits(class));
         }
         drain.extend_from_slice(&t.scan.drain_latencies);
         rearm.extend_from_slice(&t.scan.rearm_delays);
@@ -1256,24 +1306,50 @@ mod tests {
         assert_eq!(spin_handoff([&busy[..99]].into_iter()), None);
     }
 
+    /// A wait of `wait_ns` on `class` that ended at `ts`.
+    fn wait(ts: u64, class: LockClass, wait_ns: u64) -> Record {
+        Record::Contention(Box::new(crate::trace::Contention {
+            ctx: ctx(ts, 0),
+            lock: KAddr(0x10),
+            flags: 1,
+            wait_ns,
+            ret: 0,
+            class,
+            node: None,
+            stack_id: 0,
+            stack: Vec::new(),
+            probe_ns: None,
+        }))
+    }
+
+    /// Free-area waits that overlap a drain item are the purge's sections, which free-running
+    /// replay builds itself: they stay counted as the trace's waits but do not size the hold,
+    /// and waits before, between and after the items do.
+    #[test]
+    fn free_area_waits_inside_a_drain_item_do_not_size_the_hold() {
+        let mut s = Scan::default();
+        let fa = LockClass::FreeAreaLock;
+        s.record(&wait(900, fa, 300)); // before the item
+        s.record(&wait(1_050, fa, 100)); // started before, ended inside
+        s.record(&wait(1_500, fa, 8_000)); // began before the item, ended inside
+        s.record(&wait(2_100, fa, 200)); // began inside, ended after
+        s.record(&wait(1_600, LockClass::NodeBusyLock, 400));
+        s.record(&work(2_000, 1_000));
+        s.record(&wait(2_500, fa, 150)); // after the item, no later item
+        let sizing: Vec<u64> = s.class_waits(fa).collect();
+        assert_eq!(sizing, vec![300, 150]);
+        assert_eq!(s.free_area_in_drains, 3);
+        assert_eq!(s.waits(), 6, "every wait is still the trace's");
+        assert_eq!(
+            s.class_waits(LockClass::NodeBusyLock).collect::<Vec<_>>(),
+            vec![400]
+        );
+    }
+
     /// Each trace's mean wait per class: stalls left out, classes with too few waits and
     /// `other` left out.
     #[test]
     fn mean_waits_per_class_leave_out_stalls_and_thin_classes() {
-        let wait = |ts: u64, class: LockClass, wait_ns: u64| {
-            Record::Contention(Box::new(crate::trace::Contention {
-                ctx: ctx(ts, 0),
-                lock: KAddr(0x10),
-                flags: 1,
-                wait_ns,
-                ret: 0,
-                class,
-                node: None,
-                stack_id: 0,
-                stack: Vec::new(),
-                probe_ns: None,
-            }))
-        };
         let mut s = Scan::default();
         for i in 0..WAIT_SCALE_MIN as u64 {
             s.record(&wait(i, LockClass::NodeBusyLock, 1_000 + 100 * (i % 2)));
