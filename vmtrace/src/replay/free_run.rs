@@ -140,6 +140,9 @@ pub struct WhatIf {
     /// Purges run by a drain item queued again while the previous one ran (`follow_up` of the
     /// calibration), included in `purges`.
     pub follow_up_purges: u64,
+    /// Allocations that found their pool detached by a decay under way and took the free tree
+    /// instead (see [`Run::pool_detached`]).
+    pub pool_detached_misses: u64,
     /// Critical sections per lock instance.
     pub locks: LockCounts,
     /// Per lock class: sections, time held, predicted wait and its distribution.
@@ -423,6 +426,8 @@ impl FreeRunner {
             last_purge_end: 0,
             last_free_at: BTreeMap::new(),
             follow_up_purges: 0,
+            detached: Vec::new(),
+            pool_detached_misses: 0,
             des,
             locks,
             latency,
@@ -757,6 +762,10 @@ struct Run {
     /// Each CPU's latest free, to tell whether a drain starts among concurrent frees.
     last_free_at: BTreeMap<u32, u64>,
     follow_up_purges: u64,
+    /// The pools the last purge's decay detached, each `(node, size, from, until)` in trace
+    /// time: [`Run::pool_detached`].
+    detached: Vec<(u32, u64, u64, u64)>,
+    pool_detached_misses: u64,
     des: Des,
     locks: LockIds,
     /// Global lock counts after the last operation, to find the sections the next one entered.
@@ -892,6 +901,49 @@ impl Run {
         }
     }
 
+    /// When each pool is detached by the decay of a purge that starts at `at`. The kernel's
+    /// `decay_va_pool_node` takes each non-empty pool's list off under the pool lock, merges
+    /// its `len >> 2` head entries into a local tree, and only then attaches the rest back; an
+    /// allocation in between finds the list empty and goes to the free tree. Nodes decay in
+    /// order, pools by size, each node's merged runs reclaimed under the free-tree lock before
+    /// the next node. Costs as the purge's sections ([`Run::purge_end`]).
+    fn detach_windows(
+        &mut self,
+        at: u64,
+        full: bool,
+        pool_len: &BTreeMap<(u32, u64), usize>,
+        decay_runs: &[u64],
+    ) {
+        self.detached.clear();
+        let c = self.costs;
+        let rule = self.model.params().decay;
+        let mut t = at;
+        let mut node_done = None;
+        for (&(node, size), &len) in pool_len {
+            if let Some(prev) = node_done.filter(|&n| n != node) {
+                t += c.free_area_lock_ns
+                    + c.merge_per_area_ns * decay_runs.get(prev as usize).copied().unwrap_or(0);
+            }
+            node_done = Some(node);
+            let cut = crate::model::pools::decay_count(len, full, rule) as u64;
+            t += c.pool_lock_ns;
+            let until = t + c.merge_per_area_ns * cut;
+            self.detached.push((node, size, t, until));
+            t = until + c.pool_lock_ns;
+        }
+    }
+
+    /// Whether `req`, at `ts`, finds its pool detached by the last purge's decay.
+    fn pool_detached(&self, req: &AllocRequest, ts: u64) -> bool {
+        if self.detached.is_empty() || !self.model.pool_eligible(req) {
+            return false;
+        }
+        let node = self.model.params().layout.cpu_to_node(req.cpu);
+        self.detached.iter().any(|&(n, size, from, until)| {
+            n == node && size == req.size && (from..until).contains(&ts)
+        })
+    }
+
     /// Finishes the purge under way now, if there is one.
     fn end_inflight(&mut self) {
         if let Some((f, ends)) = self.inflight.take() {
@@ -969,10 +1021,17 @@ impl Run {
             retry: false,
             guard,
         };
+        if self.pool_detached(&req, a.ctx.ts_ns) {
+            // `node_pool_del_va` finds the list empty and the attempt goes to the free tree,
+            // as the retry after a purge does.
+            req.retry = true;
+            self.pool_detached_misses += 1;
+        }
         let mut got = match self.model.alloc(&req) {
             Ok(g) => g,
             Err(e) => return self.warn(format!("alloc: {e}")),
         };
+        req.retry = false;
         // alloc_vmap_area: the pool of the CPU's node, the vmap_area object and preload outside
         // any lock, then the free tree and the busy tree of the area's node.
         let mut steps = self.des.steps();
@@ -1292,9 +1351,10 @@ impl Run {
         self.sync_prev();
         let p = self.model.purge_start(full, None);
         self.sync_prev();
-        let decay_runs = (0..pool_nodes)
+        let decay_runs: Vec<u64> = (0..pool_nodes)
             .map(|n| u64::from(p.so_far().decay_runs.get(n).copied().unwrap_or(0)))
             .collect();
+        self.detach_windows(at, full, &pool_len, &decay_runs);
         Inflight {
             p,
             at,
@@ -1505,6 +1565,7 @@ impl Run {
             drain_latency_mean_ns: mean(&self.drain_latencies),
             drains_queued_behind: self.queued_behind,
             follow_up_purges: self.follow_up_purges,
+            pool_detached_misses: self.pool_detached_misses,
             pool_hits,
             pool_hit_share: if self.allocs == 0 {
                 0.0
@@ -1712,6 +1773,48 @@ mod tests {
     /// here). The CPU the item displaced frees nothing meanwhile, so on one CPU nothing
     /// queues it, unless the crossing free came from a bound per-CPU worker, which keeps its
     /// CPU while the item runs elsewhere.
+    /// While a decay merges a pool's head entries, the pool's list is detached: an allocation
+    /// of that size on that node finds it empty and takes the free tree. The window is the
+    /// merge's length, so with no merge cost there is none, and with a long one pool hits fall.
+    #[test]
+    fn an_allocation_during_a_decay_finds_its_pool_detached() {
+        // Full-fit loops (mask 2) leave pools holding entries when the next purge decays them.
+        let p = SynthParams {
+            mask: 2,
+            threads: 2,
+            cpus: 2,
+            loops: 300,
+            ..SynthParams::default()
+        };
+        let mut trace = Vec::new();
+        generate(&p, vec!["test".into()], &mut trace).expect("synth");
+        let run = |merge_per_area_ns| {
+            let fr = FreeRunOptions {
+                purge_latency_ns: 10_000,
+                costs: Costs {
+                    merge_per_area_ns,
+                    ..Costs::default()
+                },
+                ..FreeRunOptions::default()
+            };
+            free_run(&trace[..], &opts(Variant::Nodes), &fr).unwrap()
+        };
+        let none = run(0);
+        let long = run(20_000);
+        assert!(none.purges >= 3 && none.pool_hits > 0, "{none:?}");
+        assert_eq!(none.pool_detached_misses, 0);
+        assert!(
+            long.pool_detached_misses > 0,
+            "no allocation met a detached pool"
+        );
+        assert!(
+            long.pool_hits < none.pool_hits,
+            "{} vs {}",
+            long.pool_hits,
+            none.pool_hits
+        );
+    }
+
     #[test]
     fn frees_while_the_purge_runs_queue_the_drain_again() {
         let run = |bytes: &[u8]| {
