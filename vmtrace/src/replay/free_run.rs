@@ -934,7 +934,12 @@ impl Run {
     }
 
     /// Whether `req`, at `ts`, finds its pool detached by the last purge's decay.
-    fn pool_detached(&self, req: &AllocRequest, ts: u64) -> bool {
+    /// The windows are dropped once `ts` is past the last (they come in time order), so the
+    /// allocations between purges do not scan them.
+    fn pool_detached(&mut self, req: &AllocRequest, ts: u64) -> bool {
+        if self.detached.last().is_some_and(|w| ts >= w.3) {
+            self.detached.clear();
+        }
         if self.detached.is_empty() || !self.model.pool_eligible(req) {
             return false;
         }
