@@ -5,14 +5,15 @@
 //! The floors sit outside the spread measured on held-out recordings of the 2-CPU 6.18
 //! reference machine (`docs/model.md`, "Validation against recordings"): they catch a
 //! regression of the free-running model or of the calibration, not the known misses (lock
-//! waits) that the same table lists. A perturbed calibration must score worse,
+//! waits) that the same table lists. A pair recorded while the machine stalled is reported
+//! and recorded once more; the test fails when the retake stalled too. A perturbed calibration must score worse,
 //! so the figures are shown to depend on the measured input. Without BPF privileges the test
 //! skips loudly, unless `VMTRACE_REQUIRE_PRIVILEGED=1`, where it fails.
 
 mod common;
 
 use common::privileged;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const VMTRACE: &str = env!("CARGO_BIN_EXE_vmtrace");
@@ -74,14 +75,42 @@ fn ratio(v: &[(String, f64, f64, Option<f64>, bool)], metric: &str) -> f64 {
     e.3.unwrap_or_else(|| panic!("{metric}: nothing observed"))
 }
 
-#[test]
-fn a_calibration_from_one_workload_predicts_another() {
-    if !privileged() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let fit = dir.path().join("fix-size.jsonl");
-    let held_out = dir.path().join("random-size.jsonl");
+/// Machine stalls (silences of a millisecond or more) that `vmtrace calibrate` may take out of
+/// one recording's drain and purge intervals before the recording counts as disturbed. On the
+/// ten-second corpus it took out 0 ms from six recordings of seven and 6.6 ms from the
+/// seventh; a run that failed the page-table bound (1.33) had 86 ms taken out of its fit.
+const STALLS_CUT_MAX_NS: u64 = 20_000_000;
+
+/// Runs `vmtrace calibrate TRACE -o OUT`, printing what the fit measured (drain latency, purge
+/// span, stalls taken out) so that a miss can be read against its inputs.
+fn calibrate(trace: &Path, out: &Path) -> serde_json::Value {
+    let run = Command::new(VMTRACE)
+        .arg("calibrate")
+        .arg(trace)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "vmtrace calibrate failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&run.stdout));
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+/// Records the fit (fix-size) and the held-out (random-size) workloads back to back and
+/// calibrates on the fit: the held-out trace, the calibration's path and its JSON. A pair in
+/// which either recording lost more than [`STALLS_CUT_MAX_NS`] to machine stalls is an error
+/// naming them, so that the caller retakes it once: the figures below judge the model, and a
+/// disturbed machine moves them by more than their floors allow.
+fn undisturbed_pair(
+    dir: &Path,
+    tag: &str,
+) -> Result<(PathBuf, PathBuf, serde_json::Value), String> {
+    let fit = dir.join(format!("fix-size{tag}.jsonl"));
+    let held_out = dir.join(format!("random-size{tag}.jsonl"));
     // Pools drained before each snapshot: free-running replay starts from it, and the two
     // recordings run back to back.
     let drain = ["--drain-pools"];
@@ -100,24 +129,46 @@ fn a_calibration_from_one_workload_predicts_another() {
     );
     drop(text);
 
-    let cal = dir.path().join("cal.json");
-    let out = Command::new(VMTRACE)
-        .arg("calibrate")
-        .arg(&fit)
-        .arg("-o")
-        .arg(&cal)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vmtrace calibrate failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // What the fit measured (drain latency, purge span, stalls taken out), so that a miss
-    // below can be read against its inputs.
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-    let c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    let cal = dir.join(format!("cal{tag}.json"));
+    let c = calibrate(&fit, &cal);
+    // The held-out recording is calibrated only to measure its stalls.
+    let h = calibrate(&held_out, &dir.join(format!("held-out-cal{tag}.json")));
+    let disturbed: Vec<String> = [(&fit, &c), (&held_out, &h)]
+        .iter()
+        .filter_map(|(t, c)| {
+            let ns = c["stalls"]["ns"].as_u64().unwrap();
+            (ns > STALLS_CUT_MAX_NS).then(|| {
+                format!(
+                    "{}: {:.1} ms of machine stalls over {} intervals (at most {} ms)",
+                    t.display(),
+                    ns as f64 / 1e6,
+                    c["stalls"]["intervals"],
+                    STALLS_CUT_MAX_NS / 1_000_000
+                )
+            })
+        })
+        .collect();
+    if disturbed.is_empty() {
+        Ok((held_out, cal, c))
+    } else {
+        Err(disturbed.join("; "))
+    }
+}
+
+#[test]
+fn a_calibration_from_one_workload_predicts_another() {
+    if !privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (held_out, cal, c) = match undisturbed_pair(dir.path(), "") {
+        Ok(r) => r,
+        Err(why) => {
+            eprintln!("{why}; recording both once more");
+            undisturbed_pair(dir.path(), "-retake")
+                .unwrap_or_else(|retake| panic!("{why}; the retake too: {retake}"))
+        }
+    };
     let measured: Vec<&str> = c["provenance"]
         .as_array()
         .unwrap()
