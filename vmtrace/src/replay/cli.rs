@@ -468,6 +468,7 @@ pub fn calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
         }
         timings.push(TraceTiming {
             scan,
+            decayed: report.purges.iter().map(|p| (p.ts_ns, p.decayed)).collect(),
             sections: report.locks,
         });
     }
@@ -619,6 +620,13 @@ fn render_calibration(c: &Calibration) -> String {
         st.ns,
         st.intervals
     );
+    if let Some(d) = &c.decay {
+        let _ = writeln!(
+            s,
+            "  decays, item start to TLB flush over {} items: {:.0} ns + {:.0} ns per decayed pool entry (measured, not used: docs/model.md)",
+            d.items, d.base_ns, d.per_entry_ns
+        );
+    }
     if let Some(d) = &c.drop_delay {
         let _ = writeln!(
             s,
