@@ -1846,17 +1846,7 @@ mod tests {
         );
         assert_eq!(s.follow_up_delays, vec![150_000]);
         assert_eq!(s.follow_up_gaps, vec![50_000]);
-        let cal = calibrate(
-            &[TraceTiming {
-                scan: s,
-                sections: LockCounts::default(),
-                decayed: BTreeMap::new(),
-            }],
-            Costs::default(),
-            Machine::default(),
-            "t".into(),
-        )
-        .unwrap();
+        let cal = from_scan(s, BTreeMap::new());
         let fu = cal.follow_up.expect("a follow-up was measured");
         assert_eq!(fu.probability(true), 1.0);
         assert_eq!(fu.probability(false), 0.0);
@@ -1896,9 +1886,14 @@ mod tests {
             s.record(&Record::Work(w));
             decayed.insert(purge, (i % 8) as u32);
         }
+        from_scan(s, decayed)
+    }
+
+    /// One trace's scan calibrated from the default costs, with no lock sections.
+    fn from_scan(scan: Scan, decayed: BTreeMap<u64, u32>) -> Calibration {
         calibrate(
             &[TraceTiming {
-                scan: s,
+                scan,
                 sections: LockCounts::default(),
                 decayed,
             }],
@@ -1933,18 +1928,7 @@ mod tests {
         }
         assert_eq!(decay_line(&points).map(|l| l.1.round()), Some(150.0));
         // Without the replay's decayed counts there is nothing to set the times against.
-        let c = calibrate(
-            &[TraceTiming {
-                scan: Scan::default(),
-                sections: LockCounts::default(),
-                decayed: BTreeMap::new(),
-            }],
-            Costs::default(),
-            Machine::default(),
-            "t".into(),
-        )
-        .unwrap();
-        assert_eq!(c.decay, None);
+        assert_eq!(from_scan(Scan::default(), BTreeMap::new()).decay, None);
         let few: Vec<(u32, u64)> = points[..MIN_DECAY_ITEMS - 1].to_vec();
         assert_eq!(decay_line(&few), None);
     }
