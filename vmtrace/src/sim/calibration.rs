@@ -1861,7 +1861,7 @@ mod tests {
         let mut s = Scan::default();
         let mut decayed = BTreeMap::new();
         for i in 0..40u64 {
-            let start = 10 * us + i * 1_000 * us;
+            let start = (i + 1) * 1_000 * us;
             for k in 0..10 {
                 s.record(&free_on(start - 900 * us + k * 100 * us, 1, 10));
             }
