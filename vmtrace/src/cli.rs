@@ -52,10 +52,11 @@ pub enum Command {
     /// for the lazy and free-area locks from each waiter's own section (its wait's end to its
     /// next free or alloc, which the kernel fires right after the unlock); otherwise from the
     /// waits' counts and lengths. From its `work` records (`--probes purge_work`) the drain
-    /// latency distribution and the purge cost. What no trace shows keeps its documented
-    /// default, and the file says which ones those are. `vmtrace replay --costs FILE` and
-    /// `vmtrace synth --costs FILE` use it. Calibrate on some recordings and validate on
-    /// others (docs/model.md, "Calibration").
+    /// latency distribution and the purge cost, and where the items were timed at their TLB
+    /// flush, how long a decay runs per pool entry (reported, not used: docs/model.md). What
+    /// no trace shows keeps its documented default, and the file says which ones those are.
+    /// `vmtrace replay --costs FILE` and `vmtrace synth --costs FILE` use it. Calibrate on
+    /// some recordings and validate on others (docs/model.md, "Calibration").
     Calibrate(CalibrateArgs),
     /// Turn text output of the vmalloc tracepoints from another tool (`perf script`,
     /// `trace-cmd report`, the tracefs `trace` file) into a vmtrace trace that `summary`,
